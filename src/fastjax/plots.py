@@ -1,0 +1,125 @@
+"""Charts for the book: the ladder (per-call times with the floor marked) and sweeps.
+
+Figures are returned, never saved, unless ``save=`` names a file: then they go to the
+repository's ``images/`` folder (or ``FASTJAX_IMAGES`` when set).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from fastjax.timing import Timing
+
+_SCALE = {"s": 1.0, "ms": 1e3, "µs": 1e6}
+
+
+def images_dir() -> Path:
+    """The folder figures are saved to: ``FASTJAX_IMAGES``, else ``images/`` at the repo root."""
+    env = os.environ.get("FASTJAX_IMAGES")
+    if env:
+        return Path(env)
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / "_toc.yml").exists():
+            return folder / "images"
+    return here / "images"
+
+
+def save_figure(fig: plt.Figure, name: str) -> Path:
+    """Save ``fig`` as ``images/<name>`` (PNG when no suffix is given); return the path."""
+    if not name or "/" in name or "\\" in name:
+        raise ValueError(f"figure name must be a plain file name; got {name!r}")
+    path = images_dir() / (name if Path(name).suffix else f"{name}.png")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def plot_ladder(
+    timings: Sequence[Timing],
+    floor: Timing | None = None,
+    dispatch_floor: Timing | None = None,
+    title: str = "",
+    unit: str = "µs",
+    caption: str | None = None,
+    log: bool | None = None,
+    save: str | None = None,
+) -> plt.Figure:
+    """Horizontal bars of median time per call (IQR as whiskers), one per rung, top to bottom,
+    with the floor drawn as a dashed line and each bar labelled with its ratio to the floor."""
+    if not timings:
+        raise ValueError("plot_ladder needs at least one timing")
+    if unit not in _SCALE:
+        raise ValueError(f"unit must be one of {list(_SCALE)}; got {unit!r}")
+    k = _SCALE[unit]
+    med = np.array([t.median for t in timings]) * k
+    lo = med - np.array([t.q1 for t in timings]) * k
+    hi = np.array([t.q3 for t in timings]) * k - med
+    fig, ax = plt.subplots(figsize=(8, 0.55 * len(timings) + 1.6))
+    y = np.arange(len(timings))[::-1]
+    ax.barh(y, med, xerr=[np.clip(lo, 0, None), np.clip(hi, 0, None)], color="#4c72b0", alpha=0.85, capsize=3)
+    ax.set_yticks(y, [t.name for t in timings])
+    if log is None:
+        log = med.max() / max(med.min(), 1e-12) > 30
+    if log:
+        ax.set_xscale("log")
+    for ref, style, label in ((floor, "--", "floor"), (dispatch_floor, ":", "dispatch floor")):
+        if ref is not None:
+            ax.axvline(ref.median * k, color="#c44e52", linestyle=style, label=f"{label}: {ref.median * k:.3g} {unit}")
+    if floor is not None:
+        for yi, m, t in zip(y, med, timings):
+            ax.text(m, yi, f"  {t.median / floor.median:.2f}×", va="center", fontsize=9)
+        ax.legend(loc="lower right", fontsize=8)
+    elif dispatch_floor is not None:
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlabel(f"median time per call ({unit}); whiskers: interquartile range")
+    ax.set_title(title)
+    if caption:
+        fig.text(0.01, -0.02, caption, fontsize=7, color="0.35", ha="left", va="top", wrap=True)
+    ax.margins(x=0.15)
+    fig.tight_layout()
+    if save:
+        save_figure(fig, save)
+    return fig
+
+
+def plot_sweep(
+    x: Sequence[float],
+    series: Mapping[str, Sequence[float]],
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    logx: bool = True,
+    logy: bool = True,
+    caption: str | None = None,
+    save: str | None = None,
+) -> plt.Figure:
+    """Lines of ``series[name][i]`` against ``x[i]``, one per name, with markers."""
+    if not series:
+        raise ValueError("plot_sweep needs at least one series")
+    for name, ys in series.items():
+        if len(ys) != len(x):
+            raise ValueError(f"series {name!r} has {len(ys)} points for {len(x)} x values")
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, ys in series.items():
+        ax.plot(x, ys, marker="o", label=name)
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    if caption:
+        fig.text(0.01, -0.02, caption, fontsize=7, color="0.35", ha="left", va="top", wrap=True)
+    fig.tight_layout()
+    if save:
+        save_figure(fig, save)
+    return fig

@@ -1,0 +1,269 @@
+"""The timing harness: warm-up, ``block_until_ready``, repeats, medians and spread.
+
+Times are wall-clock seconds from ``time.perf_counter``. Compile time is measured apart
+(``compile_time``), a trace counter tells how often a function was traced (``count_traces``),
+and every result carries the device and library versions it was measured with (``stamp``).
+The same calls work for eager, jitted and AOT-compiled callables.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import numpy as np
+
+from fastjax import _workaround, sizes
+
+
+def block(tree: Any) -> Any:
+    """Wait until every array in ``tree`` is computed; return ``tree`` unchanged."""
+    for leaf in jax.tree.leaves(tree):
+        wait = getattr(leaf, "block_until_ready", None)
+        if wait is not None:
+            wait()
+    return tree
+
+
+@dataclass
+class Timing:
+    """Repeated measurements of one callable. ``seconds`` holds one value per repeat,
+    each the mean over ``number`` calls, divided by ``per`` (units of work per call)."""
+
+    name: str
+    seconds: list[float]
+    number: int = 1
+    per: int = 1
+    sync: str = "each"
+    compile_seconds: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        """Median seconds per unit of work."""
+        return float(np.median(self.seconds))
+
+    @property
+    def q1(self) -> float:
+        """First quartile, seconds per unit."""
+        return float(np.percentile(self.seconds, 25))
+
+    @property
+    def q3(self) -> float:
+        """Third quartile, seconds per unit."""
+        return float(np.percentile(self.seconds, 75))
+
+    @property
+    def best(self) -> float:
+        """Fastest repeat, seconds per unit."""
+        return float(np.min(self.seconds))
+
+    @property
+    def median_us(self) -> float:
+        """Median in µs per unit of work."""
+        return self.median * 1e6
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range relative to the median (0.05 means ±2.5 %)."""
+        return (self.q3 - self.q1) / self.median if self.median > 0 else float("nan")
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data, with the summary statistics added."""
+        out = asdict(self)
+        out.update(median=self.median, q1=self.q1, q3=self.q3, best=self.best)
+        return out
+
+    def __repr__(self) -> str:
+        return (f"Timing({self.name!r}: median {format_seconds(self.median)}, "
+                f"IQR {format_seconds(self.q1)}–{format_seconds(self.q3)}, "
+                f"{len(self.seconds)} repeats × {self.number} calls)")
+
+
+def format_seconds(s: float) -> str:
+    """Seconds as a short human string in ns, µs, ms or s."""
+    if not math.isfinite(s):
+        return str(s)
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(s) >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s / 1e-9:.3g} ns"
+
+
+def time_per_call(
+    fn: Callable[..., Any],
+    *args: Any,
+    name: str | None = None,
+    repeats: int = 7,
+    number: int | None = None,
+    warmup: int = 1,
+    per: int = 1,
+    sync: str = "each",
+    min_repeat_seconds: float = 0.05,
+    max_number: int = 10_000,
+    **kwargs: Any,
+) -> Timing:
+    """Time ``fn(*args, **kwargs)``: ``warmup`` calls first (compilation happens there), then
+    ``repeats`` repeats of ``number`` calls. ``sync="each"`` waits for every result (latency);
+    ``sync="last"`` waits only for the last call of a repeat, so async dispatch can overlap
+    calls (throughput). ``number=None`` picks it so one repeat lasts ``min_repeat_seconds``.
+    Results are seconds per call divided by ``per`` (e.g. iterations run inside one call)."""
+    if sync not in ("each", "last"):
+        raise ValueError(f"sync must be 'each' or 'last'; got {sync!r}")
+    if repeats < 1 or warmup < 0 or per < 1:
+        raise ValueError(f"need repeats >= 1, warmup >= 0, per >= 1; got {repeats}, {warmup}, {per}")
+    name = name or getattr(fn, "__name__", type(fn).__name__)
+    for _ in range(warmup):
+        block(fn(*args, **kwargs))
+    if number is None:
+        t0 = time.perf_counter()
+        block(fn(*args, **kwargs))
+        one = max(time.perf_counter() - t0, 1e-7)
+        number = int(min(max_number, max(1, math.ceil(min_repeat_seconds / one))))
+    results = []
+    for _ in range(repeats):
+        out = None
+        t0 = time.perf_counter()
+        for _ in range(number):
+            out = fn(*args, **kwargs)
+            if sync == "each":
+                block(out)
+        block(out)
+        results.append((time.perf_counter() - t0) / number / per)
+    return Timing(name=name, seconds=results, number=number, per=per, sync=sync)
+
+
+@dataclass
+class Compiled:
+    """An AOT-compiled callable and the seconds spent lowering (tracing) and compiling it."""
+
+    compiled: Callable[..., Any]
+    lower_seconds: float
+    compile_seconds: float
+
+    @property
+    def total_seconds(self) -> float:
+        """Trace + lower + compile, in seconds."""
+        return self.lower_seconds + self.compile_seconds
+
+
+def compile_time(jitted: Any, *args: Any, **kwargs: Any) -> Compiled:
+    """Compile ahead of time with ``jitted.lower(*args).compile()``, timing both steps apart."""
+    if not hasattr(jitted, "lower"):
+        raise TypeError(
+            f"compile_time needs a jitted function with a .lower method (jax.jit, eqx.filter_jit); "
+            f"got {type(jitted).__name__}"
+        )
+    t0 = time.perf_counter()
+    lowered = jitted.lower(*args, **kwargs)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
+    return Compiled(compiled=compiled, lower_seconds=t1 - t0, compile_seconds=t2 - t1)
+
+
+def first_call_seconds(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
+    """Seconds taken by one call including any tracing and compiling (use on a fresh function)."""
+    t0 = time.perf_counter()
+    block(fn(*args, **kwargs))
+    return time.perf_counter() - t0
+
+
+class count_traces:  # noqa: N801 - used as a decorator, like functools.wraps
+    """Wrap a Python function and count how often its body runs.
+
+    Put it *inside* a transform: in ``jax.jit(count_traces(f))`` the body runs only when JAX
+    traces, so ``.count`` is the number of traces (eagerly, it is the number of calls).
+    """
+
+    def __init__(self, fn: Callable[..., Any]):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.count = 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.count += 1
+        return self.fn(*args, **kwargs)
+
+    def reset(self) -> None:
+        """Set the count back to zero."""
+        self.count = 0
+
+    def __repr__(self) -> str:
+        return f"count_traces({getattr(self.fn, '__name__', self.fn)!r}, count={self.count})"
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def stamp() -> dict[str, Any]:
+    """The device, library versions and settings a measurement was made with."""
+    dev = jax.devices()[0]
+    return {
+        "device": f"{dev.platform.upper()}: {getattr(dev, 'device_kind', dev.platform)}",
+        "device_count": jax.device_count(),
+        "cpu_cores": os.cpu_count(),
+        "python": platform.python_version(),
+        **{pkg: _version(pkg) for pkg in ("jax", "jaxlib", "flax", "equinox", "optax", "numpy")},
+        "cpu_workaround": _workaround.workaround_active(),
+        "size": sizes.current_size(),
+        "utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def stamp_text(s: dict[str, Any] | None = None) -> str:
+    """The stamp as one line, for captions and table footers."""
+    s = stamp() if s is None else s
+    libs = ", ".join(f"{k} {s[k]}" for k in ("jax", "jaxlib", "flax", "equinox", "optax") if s.get(k))
+    fix = "on" if s["cpu_workaround"] else "off"
+    return (f"{s['device']} ×{s['device_count']} ({s['cpu_cores']} CPU cores) · Python {s['python']} · "
+            f"{libs} · CPU fix {fix} · size {s['size']} · {s['utc']} UTC")
+
+
+def table(timings: Iterable[Timing], floor: Timing | None = None, unit: str = "µs") -> list[dict[str, Any]]:
+    """One row per timing: median and quartiles in ``unit`` (``"s"``, ``"ms"`` or ``"µs"``), and
+    the ratio of each median to ``floor``'s median when a floor is given."""
+    scale = {"s": 1.0, "ms": 1e3, "µs": 1e6, "us": 1e6}[unit]
+    rows = []
+    for t in timings:
+        row = {"variant": t.name, f"median ({unit})": t.median * scale,
+               f"q1 ({unit})": t.q1 * scale, f"q3 ({unit})": t.q3 * scale}
+        if floor is not None:
+            row["× floor"] = t.median / floor.median
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: Sequence[dict[str, Any]], digits: int = 3) -> str:
+    """Rows of plain data as a Markdown table (numbers to ``digits`` significant digits)."""
+    if not rows:
+        return ""
+    cols = list(rows[0])
+    fmt = lambda v: f"{v:.{digits}g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def save_results(path: str | Path, timings: dict[str, Sequence[Timing]], **extra: Any) -> Path:
+    """Write groups of timings, the stamp and any extra plain data to a JSON file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"stamp": stamp(), **extra,
+               "timings": {group: [t.as_dict() for t in ts] for group, ts in timings.items()}}
+    path.write_text(json.dumps(payload, indent=2, default=float))
+    return path

@@ -1,0 +1,38 @@
+"""Shared test setup: the quick size, the repository root, the chapters listed in _toc.yml."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("FASTJAX_SIZE", "quick")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def toc_files() -> list[str]:
+    """Every file named in _toc.yml, in order, without suffix (e.g. 'chapters/measuring')."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    out = [toc["root"]]
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                out.append(node["file"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(toc.get("parts", []))
+    return out
+
+
+@pytest.fixture(scope="session")
+def root() -> Path:
+    return ROOT

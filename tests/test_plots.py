@@ -1,0 +1,59 @@
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+
+from fastjax import plots  # noqa: E402
+from fastjax.timing import Timing  # noqa: E402
+
+
+def ladder():
+    return [Timing("eager", [10e-3, 11e-3, 12e-3]), Timing("jit", [1e-3, 1.1e-3, 1.2e-3]),
+            Timing("scan", [0.5e-3, 0.52e-3, 0.55e-3])]
+
+
+def test_ladder_draws_one_bar_per_rung_with_the_floor(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTJAX_IMAGES", str(tmp_path))
+    floor = Timing("floor", [0.5e-3, 0.5e-3, 0.5e-3])
+    fig = plots.plot_ladder(ladder(), floor=floor, dispatch_floor=Timing("empty", [5e-6] * 3), title="t")
+    ax = fig.axes[0]
+    assert len(ax.patches) == 3
+    ticks = sorted(zip(ax.get_yticks(), (t.get_text() for t in ax.get_yticklabels())), reverse=True)
+    assert [name for _, name in ticks] == ["eager", "jit", "scan"]  # first rung on top
+    labels = [t.get_text().strip() for t in ax.texts]
+    assert labels == ["22.00×", "2.20×", "1.04×"]  # median / floor median
+    assert len(ax.get_lines()) >= 2  # floor and dispatch floor
+    assert ax.get_xscale() == "linear" or ax.get_xscale() == "log"
+    assert list(tmp_path.iterdir()) == []  # nothing saved unless asked
+
+
+def test_saving_only_when_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTJAX_IMAGES", str(tmp_path))
+    plots.plot_ladder(ladder(), save="ladder")
+    assert (tmp_path / "ladder.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="plain file name"):
+        plots.save_figure(plots.plot_ladder(ladder()), "../escape.png")
+
+
+def test_images_dir_defaults_to_repo_images(monkeypatch, root):
+    monkeypatch.delenv("FASTJAX_IMAGES", raising=False)
+    monkeypatch.chdir(root / "chapters")
+    assert plots.images_dir() == root / "images"
+
+
+def test_ladder_rejects_empty_and_bad_unit():
+    with pytest.raises(ValueError, match="at least one"):
+        plots.plot_ladder([])
+    with pytest.raises(ValueError, match="unit"):
+        plots.plot_ladder(ladder(), unit="min")
+
+
+def test_sweep_one_line_per_series():
+    fig = plots.plot_sweep([16, 32, 64], {"a": [1, 2, 3], "b": [2, 3, 4]}, "width", "seconds")
+    ax = fig.axes[0]
+    assert len(ax.get_lines()) == 2 and ax.get_xlabel() == "width"
+    with pytest.raises(ValueError, match="has 2 points for 3"):
+        plots.plot_sweep([1, 2, 3], {"a": [1, 2]}, "x", "y")
+    with pytest.raises(ValueError, match="at least one"):
+        plots.plot_sweep([1], {}, "x", "y")

