@@ -1,0 +1,153 @@
+"""The Colab install cell works: a chapter runs in a fresh environment that has only Colab's base.
+
+A new virtual environment gets what Colab ships (jax, jaxlib, flax, optax, numpy, matplotlib, and
+ipykernel plus nbclient to run a notebook), pinned to the versions of this environment. One chapter is
+converted to ``.ipynb`` and executed there with ``FASTJAX_FORCE_INSTALL=1``, so that its first cell,
+``fastjax.colab.INSTALL_CELL``, installs the rest (this book's package with its examples extra,
+Equinox, pyPLNmodels, torch, scikit-learn) from a copy of this checkout. The chapter must run top to
+bottom, the install must have happened, and jax/jaxlib must be the versions the venv started with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+
+from conftest import ROOT, toc_files
+from fastjax.colab import INSTALL_CELL
+
+# one group: under pytest-xdist (--dist loadgroup) the module's fixtures are built once, on one worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("colab")]
+
+COLAB_BASE = ("jax", "jaxlib", "flax", "optax", "numpy", "matplotlib")
+RUNNER = ("ipykernel", "nbclient", "nbformat")
+INSTALLED_BY_THE_CELL = ("fastjax", "equinox", "pyPLNmodels", "torch", "scikit-learn")
+KERNEL = "fastjax-colab-test"
+# pip reads its machine-wide constraints from its config; PIP_CONSTRAINT replaces that setting, so
+# the file given to pip repeats those lines and pins torch to the build of this environment.
+MACHINE_CONSTRAINTS = Path("/etc/xdg/pip/constraints.txt")
+CLEAN_COPY_IGNORE = shutil.ignore_patterns(".venv", ".git", "_build", ".tools", "node_modules", "*.ipynb",
+                                           ".pytest_cache", "__pycache__", "build", "*.egg-info")
+
+DRIVER = """\
+import sys, nbformat
+from nbclient import NotebookClient
+nb = nbformat.read(sys.argv[1], as_version=4)
+client = NotebookClient(nb, kernel_name=sys.argv[3], timeout=600, resources={"metadata": {"path": sys.argv[4]}})
+try:
+    client.execute()
+finally:
+    nbformat.write(nb, sys.argv[2])
+"""
+
+VERSIONS = """\
+import json
+from importlib import metadata
+out = {}
+for name in %r:
+    try:
+        out[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        out[name] = None
+print(json.dumps(out))
+"""
+
+
+def chapter_to_run() -> str:
+    """The PLN model chapter when the book has it (it needs pyPLNmodels and torch), else measuring."""
+    listed = toc_files()
+    return "chapters/pln/00-model" if "chapters/pln/00-model" in listed else "chapters/measuring"
+
+
+def versions(python: Path, names) -> dict[str, str | None]:
+    out = subprocess.run([str(python), "-c", VERSIONS % (tuple(names),)], capture_output=True, text=True,
+                         check=True, timeout=60)
+    return json.loads(out.stdout)
+
+
+def here(name: str) -> str:
+    return metadata.version(name)
+
+
+def constraints_file(path: Path) -> Path:
+    lines = []
+    for source in filter(None, [os.environ.get("PIP_CONSTRAINT"), str(MACHINE_CONSTRAINTS)]):
+        for item in source.split():
+            if Path(item).is_file():
+                lines += [ln for ln in Path(item).read_text().splitlines() if not ln.lstrip().startswith("torch==")]
+    try:
+        torch = here("torch")  # the build installed here (a CPU build on the CI machine)
+    except metadata.PackageNotFoundError:
+        torch = "2.13.0"
+    lines.append(f"torch=={torch}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    drop = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "XLA_FLAGS", "JUPYTER_PATH", "PYTEST_CURRENT_TEST", "MPLBACKEND")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
+    return env
+
+
+@pytest.mark.timeout(600)
+def test_install_cell_runs_a_chapter_in_a_colab_like_environment(tmp_path):
+    chapter = chapter_to_run()
+    nb = jupytext.read(ROOT / f"{chapter}.md")
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert first.source.strip() == INSTALL_CELL.strip(), f"{chapter} does not start with the install cell"
+
+    # 1. Colab's base, at this environment's versions (pip takes them from its cache), and nothing else.
+    venv = tmp_path / "colab"
+    base_python = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base_python, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    constraints = constraints_file(tmp_path / "constraints.txt")
+    env = clean_env(PIP_CONSTRAINT=str(constraints), PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    pins = [f"{p}=={here(p)}" for p in COLAB_BASE]
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *pins, *RUNNER], check=True, env=env, timeout=300)
+    before = versions(python, COLAB_BASE + INSTALLED_BY_THE_CELL)
+    assert all(before[p] is None for p in INSTALLED_BY_THE_CELL if p != "torch") and before["torch"] is None, before
+
+    # 2. A kernel of that environment, known only to this test.
+    jupyter_dir = tmp_path / "jupyter"
+    subprocess.run([str(python), "-m", "ipykernel", "install", "--prefix", str(jupyter_dir), "--name", KERNEL],
+                   check=True, env=env, capture_output=True, timeout=60)
+
+    # 3. The chapter as Colab gets it, run in that kernel; its first cell installs from a copy of this
+    #    checkout (a copy, so that pip's build leaves nothing behind in the working tree).
+    source = tmp_path / "checkout"
+    shutil.copytree(ROOT, source, ignore=CLEAN_COPY_IGNORE)
+    notebook = tmp_path / "chapter.ipynb"
+    executed = tmp_path / "executed.ipynb"
+    nbformat.write(nb, notebook)
+    run_env = clean_env(PIP_CONSTRAINT=str(constraints), PATH=env["PATH"],
+                        JUPYTER_PATH=str(jupyter_dir / "share" / "jupyter"),
+                        FASTJAX_FORCE_INSTALL="1", FASTJAX_SOURCE=source.as_uri(),
+                        FASTJAX_SIZE="quick")
+    workdir = source / Path(chapter).parent
+    result = subprocess.run([str(python), "-c", DRIVER, str(notebook), str(executed), KERNEL, str(workdir)],
+                            capture_output=True, text=True, env=run_env, timeout=540)
+    assert result.returncode == 0, f"{chapter} failed in the Colab-like environment:\n{result.stderr[-6000:]}"
+
+    # 4. It ran to the end, the cell installed what Colab lacks, and JAX is the one the venv started with.
+    ran = nbformat.read(executed, as_version=4)
+    code = [c for c in ran.cells if c.cell_type == "code"]
+    assert all(c.execution_count is not None for c in code), "not every cell ran"
+    assert not any(o.get("output_type") == "error" for c in code for o in c.outputs
+                   if "raises-exception" not in c.metadata.get("tags", [])), "a cell raised"
+    after = versions(python, COLAB_BASE + INSTALLED_BY_THE_CELL)
+    assert {p: after[p] for p in ("jax", "jaxlib")} == {p: before[p] for p in ("jax", "jaxlib")}
+    missing = [p for p in INSTALLED_BY_THE_CELL if after[p] is None]
+    assert missing == [], f"the install cell did not install {missing}"
+    assert after["torch"] == constraints.read_text().split("torch==")[-1].strip(), "pip pulled another torch"

@@ -1,0 +1,327 @@
+"""The built site, opened in a real browser (headless Chromium through Playwright).
+
+The module builds the book once in the quick size with warnings as errors (that is the suite's
+"book builds with -W" test), serves ``_build/html`` on 127.0.0.1 and opens every page: it loads,
+has no console error, no missing image, no broken internal link, a Colab button that opens the
+chapter's ``.ipynb``, and every figure its executed notebook made. Screenshots of the landing page
+and of the first page of each part go to ``_build/screenshots/`` for a developer to look at.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import pytest
+import yaml
+
+from conftest import ROOT, toc_files
+
+# one group: under pytest-xdist (--dist loadgroup) the module's fixtures are built once, on one worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("site")]
+
+CHROMIUM = Path(os.environ.get("FASTJAX_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+BUILD_TIMEOUT = 1800  # seconds: the build executes every chapter
+SCREENSHOTS = ROOT / "_build" / "screenshots"
+PAGES = toc_files()
+IMAGE_MIMES = ("image/svg+xml", "image/png", "image/jpeg", "image/gif")
+# myst-nb shows the first of these that an output has (its HTML priority list)
+RENDER_PRIORITY = ("application/vnd.jupyter.widget-view+json", "application/javascript", "text/html",
+                   *IMAGE_MIMES, "text/markdown", "text/latex", "text/plain")
+
+
+@dataclass
+class Build:
+    returncode: int
+    log: str
+    out: Path
+
+    @property
+    def html(self) -> Path:
+        return self.out / "_build" / "html"
+
+    @property
+    def executed(self) -> Path:
+        return self.out / "_build" / "jupyter_execute"
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory) -> Build:
+    out = tmp_path_factory.mktemp("book")
+    exe = Path(sys.executable).with_name("jupyter-book")
+    cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(ROOT), "--path-output", str(out),
+           "--builder", "html", "-W", "--keep-going"]
+    # conftest sets MPLBACKEND=Agg for the tests; a kernel that inherits it shows no figure at all,
+    # so the book is built with the kernels' own inline backend.
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND", "PYTEST_CURRENT_TEST")}
+    env["FASTJAX_SIZE"] = "quick"
+    # fastjax, imported by other tests in this process, added its CPU fix to XLA_FLAGS: each chapter
+    # applies it itself, as it would for a reader
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if "ynn_fusion_type" not in f]
+    env["XLA_FLAGS"] = " ".join(flags)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=BUILD_TIMEOUT, cwd=ROOT)
+    return Build(proc.returncode, proc.stdout + proc.stderr, out)
+
+
+@pytest.fixture(scope="module")
+def html(build) -> Path:
+    if not (build.html / "chapters" / "index.html").exists():
+        pytest.skip("the book build produced no HTML (see test_book_builds_with_W)")
+    return build.html
+
+
+def test_book_builds_with_W(build):
+    problems = [line for line in build.log.splitlines()
+                if re.search(r"WARNING|ERROR|Traceback", line) and not line.startswith("[IPKernelApp]")]
+    assert build.returncode == 0, "jupyter-book build -W failed:\n" + "\n".join(problems[:40] or [build.log[-4000:]])
+    assert (build.html / "chapters" / "index.html").exists()
+
+
+# ---------------------------------------------------------------- server and browser
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # keep the test output clean
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(html):
+    handler = functools.partial(_QuietHandler, directory=str(html))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.timeout = 10
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (never let Playwright download a browser)")
+    playwright = pytest.importorskip("playwright.sync_api")
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+@dataclass
+class PageVisit:
+    status: int | None
+    console_errors: list[str]
+    links: list[str]
+    images: list[dict]
+    colab: list[str]
+    text: str
+
+
+def visit(browser, server: str, path: str, screenshot: Path | None = None) -> PageVisit:
+    """Open one page: wait for it, take a screenshot, then open every dropdown and read the DOM."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+
+    def local(url: str) -> bool:
+        return url.startswith(server) or url.startswith(("data:", "blob:", "about:"))
+
+    # Nothing but this server is reachable here: refuse the rest at once (CDN scripts, fonts).
+    page.route(re.compile(r"^https?://"), lambda route: route.continue_() if local(route.request.url) else route.abort())
+    page.on("console", lambda m: errors.append(f"{m.text} (at {m.location.get('url')})")
+            if m.type == "error" and local(m.location.get("url") or server) else None)
+    page.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
+    page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url}") if local(r.url) else None)
+    page.on("response", lambda r: errors.append(f"HTTP {r.status}: {r.url}")
+            if r.status >= 400 and local(r.url) and not r.url.endswith("favicon.ico") else None)
+    try:
+        response = page.goto(f"{server}/{path}", wait_until="load", timeout=30_000)
+        page.wait_for_load_state("networkidle", timeout=15_000)
+        if screenshot is not None:
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(screenshot), full_page=True)
+        images = page.evaluate("""async () => {
+            document.querySelectorAll('details').forEach(d => { d.open = true; });
+            const imgs = [...document.images];
+            imgs.forEach(i => { i.loading = 'eager'; });
+            await Promise.race([
+                Promise.all(imgs.map(i => i.complete ? null : new Promise(r => { i.onload = i.onerror = r; }))),
+                new Promise(r => setTimeout(r, 10000))]);
+            return imgs.map(i => ({src: i.getAttribute('src'), url: i.src, width: i.naturalWidth}));
+        }""")
+        text = page.evaluate("() => [...document.querySelectorAll('main p')].map(p => p.innerText).join('\\n')")
+        links = page.eval_on_selector_all("a[href]", "as => as.map(a => a.href)")
+        colab = page.eval_on_selector_all("a[href*='colab.research.google.com']", "as => as.map(a => a.href)")
+        return PageVisit(response.status if response else None, errors, links, images, colab, text)
+    finally:
+        context.close()
+
+
+@pytest.fixture(scope="module")
+def visits(browser, server, html) -> dict[str, PageVisit]:
+    """Every page of the table of contents, plus the generated index and search pages."""
+    first_of_part = FIRST_OF_PART
+    if SCREENSHOTS.exists():
+        shutil.rmtree(SCREENSHOTS)
+    out = {}
+    for name in [*PAGES, "genindex", "search"]:
+        shot = SCREENSHOTS / (name.replace("/", "__") + ".png") if name in first_of_part else None
+        out[name] = visit(browser, server, f"{name}.html", shot)
+    return out
+
+
+def first_page_of_each_part() -> set[str]:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    firsts = {toc["root"]}
+    for part in toc.get("parts", []):
+        if part.get("chapters"):
+            firsts.add(part["chapters"][0]["file"])
+    return firsts
+
+
+FIRST_OF_PART = first_page_of_each_part()  # the landing page and the first page of each part
+
+
+# ---------------------------------------------------------------- what the reader sees
+
+
+@pytest.mark.parametrize("name", [*PAGES, "genindex", "search"])
+def test_page_loads_cleanly(visits, name):
+    v = visits[name]
+    assert v.status == 200
+    assert v.console_errors == []
+
+
+@pytest.mark.parametrize("name", [*PAGES, "genindex", "search"])
+def test_no_image_is_missing(visits, name):
+    broken = [i["src"] for i in visits[name].images if i["width"] == 0]
+    assert broken == [], f"images that did not load on {name}"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_markdown_tables_are_rendered(visits, name):
+    # a Markdown table that reached the page as text (e.g. a cell's Markdown output not parsed)
+    raw = [line for line in visits[name].text.splitlines() if re.search(r"\|\s*:?[-—–]+:?\s*\|", line)]
+    assert raw == [], f"{name} shows Markdown tables as raw text"
+
+
+def test_root_redirects_to_the_landing_page(browser, server):
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.goto(f"{server}/index.html")
+        page.wait_for_url(re.compile(r"chapters/index\.html"), timeout=10_000)
+    finally:
+        context.close()
+
+
+@functools.lru_cache(maxsize=None)
+def _ids(path: Path) -> frozenset[str]:
+    text = path.read_text(errors="replace")
+    return frozenset(re.findall(r'\b(?:id|name)="([^"]+)"', text))
+
+
+@pytest.mark.parametrize("name", [*PAGES, "genindex", "search"])
+def test_internal_links_resolve(visits, server, html, name):
+    broken = []
+    for href in visits[name].links:
+        if not href.startswith(server + "/"):
+            continue  # another site: not checked offline
+        parsed = urlparse(href)
+        target = html / unquote(parsed.path).lstrip("/")
+        if target.is_dir():
+            target = target / "index.html"
+        if not target.is_file():
+            broken.append(f"{href} (no file)")
+        elif parsed.fragment and target.suffix == ".html" and unquote(parsed.fragment) not in _ids(target):
+            broken.append(f"{href} (no anchor)")
+    assert broken == [], f"broken internal links on {name}"
+
+
+def _executed(build: Build, name: str) -> dict | None:
+    path = build.executed / f"{name}.ipynb"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _has_code(nb: dict | None) -> bool:
+    return nb is not None and any(c["cell_type"] == "code" and "".join(c["source"]).strip() for c in nb["cells"])
+
+
+def _colab_target() -> str:
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    org_repo = urlparse(config["repository"]["url"]).path.strip("/")
+    return f"https://colab.research.google.com/github/{org_repo}/blob/notebooks/"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_chapter_opens_as_a_notebook_in_colab(visits, build, html, name):
+    if not _has_code(_executed(build, name)):
+        assert visits[name].colab == [], "a page without code needs no Colab button"
+        return
+    expected = _colab_target() + f"{name}.ipynb"
+    assert visits[name].colab == [expected]
+
+
+def _image_outputs(nb: dict) -> list[str]:
+    """File names myst-nb gives the images a notebook shows: sha256 of the bytes plus extension."""
+    names = []
+    for cell in nb["cells"]:
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if cell["cell_type"] != "code" or tags & {"remove-output", "remove-cell"}:
+            continue
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            shown = next((m for m in RENDER_PRIORITY if m in data), None)
+            if shown in IMAGE_MIMES:
+                content = data[shown]
+                content = "".join(content) if isinstance(content, list) else content
+                raw = ("\n".join(content.splitlines()).encode() if shown == "image/svg+xml"
+                       else base64.b64decode(content))
+                ext = {"image/svg+xml": ".svg", "image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif"}[shown]
+                names.append(hashlib.sha256(raw).hexdigest() + ext)
+    return names
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_every_figure_is_on_the_page(visits, build, name):
+    nb = _executed(build, name)
+    if nb is None:
+        pytest.skip("no executed notebook for this page")
+    shown = {Path(urlparse(i["url"]).path).name for i in visits[name].images if i["width"] > 0}
+    missing = [f for f in _image_outputs(nb) if f not in shown]
+    assert missing == [], f"{name}: figures in the executed notebook that are not on the page"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_a_chapter_that_plots_shows_a_figure(visits, build, name):
+    # catches figures that are never displayed (e.g. a non-inline Matplotlib backend in the kernels)
+    nb = _executed(build, name)
+    if nb is None:
+        pytest.skip("no executed notebook for this page")
+    plots = [c for c in nb["cells"] if c["cell_type"] == "code"
+             and re.search(r"\bplt\.|\bplots\.plot_\w+\(", "".join(c["source"]))]
+    if not plots:
+        pytest.skip("no plotting code")
+    assert _image_outputs(nb), f"{name} has plotting code but its notebook shows no figure"
+
+
+def test_screenshots_were_saved(visits):
+    shots = sorted(SCREENSHOTS.glob("*.png"))
+    assert len(shots) == len(FIRST_OF_PART)
+    assert all(s.stat().st_size > 10_000 for s in shots), "a screenshot looks empty"
