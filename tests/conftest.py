@@ -6,12 +6,14 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("FASTJAX_SIZE", "quick")
-os.environ.setdefault("MPLBACKEND", "Agg")
+ROOT = Path(__file__).resolve().parents[1]
+# JAX's persistent compilation cache, for the tests only: a chapter executed twice (nbmake, then the
+# book build) compiles once. Published builds do not set it, so the compile times they show are real.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / "_build" / "jax-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 import pytest  # noqa: E402
 import yaml  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def toc_files() -> list[str]:

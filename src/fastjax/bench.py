@@ -1,0 +1,79 @@
+"""Measure both ladders outside the notebooks and write them as JSON.
+
+Usage: ``python -m fastjax.bench [--out results/bench.json] [--part pln|resnet|all]``.
+The size follows ``FASTJAX_SIZE`` (full unless under CI). The Results page calls ``run`` too,
+so the site and the JSON come from the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import fastjax  # noqa: F401  (the CPU workaround, before JAX starts)
+from fastjax import timing
+
+PARTS = ("pln", "resnet")
+
+
+def _ladder(part: str) -> dict[str, Any]:
+    if part == "pln":
+        from fastjax import pln_ladder as ladder
+    elif part == "resnet":
+        from fastjax import resnet_ladder as ladder
+    else:
+        raise ValueError(f"part must be one of {PARTS}; got {part!r}")
+    t0 = time.perf_counter()
+    out = ladder.measure_ladder()
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def run(parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
+    """Measure the ladders of ``parts`` in this process, one after the other; return plain data and Timings."""
+    return {"stamp": timing.stamp(), "parts": {part: _ladder(part) for part in parts}}
+
+
+def to_plain(results: dict[str, Any]) -> dict[str, Any]:
+    """The results of ``run`` as JSON-ready data: Timings become dicts with their medians."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, timing.Timing):
+            return value.as_dict()
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(results)
+
+
+def summary(results: dict[str, Any]) -> str:
+    """A Markdown table per part: median per unit of work and ratio to that part's floor."""
+    lines = []
+    for part, res in results["parts"].items():
+        rungs = list(res["rungs"]) + [res["floor"]] + ([res["dispatch_floor"]] if res.get("dispatch_floor") else [])
+        lines += [f"### {part}", "", timing.format_table(timing.table(rungs, floor=res["floor"])), ""]
+    lines.append(timing.stamp_text(results["stamp"]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Measure the book's ladders and write them as JSON.")
+    parser.add_argument("--out", type=Path, default=Path("results/bench.json"), help="JSON file to write")
+    parser.add_argument("--part", choices=[*PARTS, "all"], default="all")
+    args = parser.parse_args(argv)
+    parts = PARTS if args.part == "all" else (args.part,)
+    results = run(parts)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(to_plain(results), indent=2, default=float))
+    print(summary(results))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

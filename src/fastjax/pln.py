@@ -1,0 +1,183 @@
+"""The Poisson log-normal (PLN) model of Part I: the oaks data, input checks, the ELBO, closed forms.
+
+Notation: counts ``Y`` (n×p), log-offsets ``O`` (n×p), covariates ``X`` (n×d). Latent
+``Z_i ~ N(X_i B, Σ)`` and ``Y_ij | Z_ij ~ Poisson(exp(O_ij + Z_ij))``. The variational law is
+``Z_i ~ N(M_i, diag(S_i²))``.
+
+Convention kept everywhere in the book: ``M`` holds the *full* latent mean (as pyPLNmodels does),
+not the residual around ``XB``; ``S`` is the variational *standard deviation* (pyPLNmodels'
+``latent_sqrt_variance``); ``log Y!`` uses pyPLNmodels' Stirling formula. The profiled ELBO drops
+the constant ``np/2`` (as pyPLNmodels does); the full ELBO keeps it, so the two agree when B and
+Σ take their closed forms.
+
+The maths functions take an array namespace ``xp`` (``jax.numpy`` by default, ``numpy`` for a
+float64 reference computed without JAX). Data checks run in NumPy, before any JAX code.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fastjax import checks
+
+
+class PlnData(NamedTuple):
+    """Counts ``Y`` (n×p), log-offsets ``O`` (n×p), covariates ``X`` (n×d), and the constant
+    ``Σ_ij log Y_ij!`` (Stirling, a float). A NamedTuple, so it crosses ``jax.jit`` as a pytree."""
+
+    counts: Any
+    offsets: Any
+    covariates: Any
+    log_factorial: Any
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(n, p, d): samples, species, covariates."""
+        n, p = self.counts.shape
+        return n, p, self.covariates.shape[1]
+
+
+# ----------------------------------------------------------------------------- data and checks
+
+def log_stirling(y: Any, xp: Any = np) -> Any:
+    """Stirling's approximation of ``log(y!)`` elementwise, as in pyPLNmodels (0 is read as 1)."""
+    y1 = y + (y == 0)
+    return 0.5 * xp.log(2 * np.pi * y1) + y1 * xp.log(y1 / np.e)
+
+
+def check_pln_data(counts: Any, offsets: Any = None, covariates: Any = None) -> PlnData:
+    """Validate counts, log-offsets and covariates in NumPy and return float64 ``PlnData``.
+
+    ``offsets=None`` means zeros; ``covariates=None`` means an intercept (a column of ones); a
+    1-D covariate vector is read as one column. Raises TypeError/ValueError naming the problem.
+    """
+    y = checks.check_counts(counts, "counts")
+    n, p = y.shape
+    if offsets is None:
+        o = np.zeros((n, p))
+    else:
+        o = checks.check_matrix(offsets, "offsets")
+        if o.shape != (n, p):
+            raise ValueError(f"offsets must have the shape of counts {(n, p)}; got {o.shape}")
+    if covariates is None:
+        x = np.ones((n, 1))
+    else:
+        x = checks.as_array(covariates, "covariates")
+        if x.ndim == 1:
+            x = x[:, None]
+        x = checks.check_matrix(x, "covariates")
+        if x.shape[0] != n:
+            raise ValueError(f"covariates must have one row per sample of counts ({n}); got {x.shape[0]} rows")
+        checks.check_full_column_rank(x, "covariates")
+    return PlnData(y, o, x, float(np.sum(log_stirling(y))))
+
+
+def _oaks_folder() -> Path:
+    spec = importlib.util.find_spec("pyPLNmodels")  # finds the package without importing torch
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the oaks data ships with pyPLNmodels: pip install pyPLNmodels")
+    return Path(list(spec.submodule_search_locations)[0]) / "load_data" / "data" / "oaks"
+
+
+def load_oaks_counts(repeat: int = 1) -> PlnData:
+    """The oaks data of pyPLNmodels (116 leaves × 114 taxa), intercept only, stacked ``repeat`` times.
+
+    Offsets are returned on the log scale, like ``pyPLNmodels.load_oaks()["offsets"]`` in 1.0.x
+    (the CSV holds read totals; taking their log again would be a double log).
+    """
+    import pandas as pd
+
+    repeat = checks.check_positive_int(repeat, "repeat")
+    folder = _oaks_folder()
+    counts = pd.read_csv(folder / "counts.csv").to_numpy()
+    offsets = np.log(pd.read_csv(folder / "offsets.csv").to_numpy().astype(np.float64))
+    return check_pln_data(np.tile(counts, (repeat, 1)), np.tile(offsets, (repeat, 1)))
+
+
+def to_jax(data: PlnData, dtype: Any = None) -> PlnData:
+    """The same data as JAX arrays of ``dtype`` (float32 by default); the constant stays a scalar."""
+    import jax.numpy as jnp
+
+    dtype = jnp.float32 if dtype is None else dtype
+    return PlnData(*(jnp.asarray(a, dtype=dtype) for a in data))
+
+
+# ----------------------------------------------------------------------------- maths
+
+def _xp_default(xp: Any) -> Any:
+    if xp is None:
+        import jax.numpy as jnp
+
+        return jnp
+    return xp
+
+
+def init_latent(counts: Any, xp: Any = None) -> tuple[Any, Any]:
+    """pyPLNmodels' start: ``M = log(Y + 1[Y=0])`` and ``S = 1/2`` (same dtype as counts)."""
+    xp = _xp_default(xp)
+    m = xp.log(counts + (counts == 0))
+    return m, 0.5 * xp.ones_like(counts)
+
+
+def closed_form_coef(covariates: Any, m: Any, xp: Any = None) -> Any:
+    """``B = (XᵀX)⁻¹ Xᵀ M`` (d×p), by a linear solve."""
+    xp = _xp_default(xp)
+    x = covariates
+    return xp.linalg.solve(x.T @ x, x.T @ m)
+
+
+def closed_form_covariance(covariates: Any, m: Any, s: Any, xp: Any = None) -> Any:
+    """``Σ = [(M − XB)ᵀ(M − XB) + diag(Σ_i S_i²)] / n`` (p×p), with B in closed form."""
+    xp = _xp_default(xp)
+    r = m - covariates @ closed_form_coef(covariates, m, xp)
+    return (r.T @ r + xp.diag(xp.sum(s * s, axis=0))) / m.shape[0]
+
+
+def _poisson_part(m: Any, s: Any, data: PlnData, xp: Any) -> Any:
+    s2 = s * s
+    om = data.offsets + m
+    return xp.sum(data.counts * om - xp.exp(om + 0.5 * s2) + 0.5 * xp.log(s2)) - data.log_factorial
+
+
+def profiled_elbo(m: Any, s: Any, data: PlnData, xp: Any = None) -> Any:
+    """ELBO with B and Σ profiled out: ``−(n/2) log|Σ| + Σ_ij[Y(O+M) − A + ½ log S² − log Y!]``.
+
+    ``log|Σ|`` comes from ``slogdet`` (never ``log(det)``, which overflows). No ``np/2`` constant.
+    """
+    xp = _xp_default(xp)
+    sigma = closed_form_covariance(data.covariates, m, s, xp)
+    _, logdet = xp.linalg.slogdet(sigma)
+    return -0.5 * m.shape[0] * logdet + _poisson_part(m, s, data, xp)
+
+
+def elbo(m: Any, s: Any, coef: Any, covariance: Any, data: PlnData, xp: Any = None) -> Any:
+    """Full ELBO at any B (d×p) and Σ (p×p), with ``Ω = Σ⁻¹`` through a Cholesky factor and the
+    ``np/2`` constant kept, so that it equals ``profiled_elbo`` when B and Σ are in closed form."""
+    xp = _xp_default(xp)
+    n, p = m.shape
+    chol = xp.linalg.cholesky(covariance)
+    eye = xp.eye(p, dtype=m.dtype)
+    chol_inv = _tri_solve(chol, eye, xp)  # L⁻¹, so Ω = L⁻ᵀ L⁻¹
+    omega = chol_inv.T @ chol_inv
+    r = m - data.covariates @ coef
+    quad = (r.T @ r) + xp.diag(xp.sum(s * s, axis=0))  # (M−XB)ᵀ(M−XB) + diag(Σ_i S_i²)
+    log_det_omega = -2.0 * xp.sum(xp.log(xp.diag(chol)))
+    return (_poisson_part(m, s, data, xp) - 0.5 * xp.sum(omega * quad)
+            + 0.5 * n * log_det_omega + 0.5 * n * p)
+
+
+def _tri_solve(lower: Any, b: Any, xp: Any) -> Any:
+    if xp is np:
+        return np.linalg.solve(lower, b)
+    import jax.scipy.linalg as jsl
+
+    return jsl.solve_triangular(lower, b, lower=True)
+
+
+def relative_gap(value: float, reference: float) -> float:
+    """How far ``value`` falls below ``reference``, relative to ``|reference|`` (negative: above)."""
+    return float((reference - value) / abs(reference))

@@ -1,0 +1,46 @@
+"""python -m fastjax.bench: plumbing tested with stand-in ladders (the Results page runs the real ones)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fastjax import bench
+from fastjax.timing import Timing
+
+
+def fake_ladder(part):
+    rungs = [Timing(f"{part} slow", [2e-3, 2.2e-3]), Timing(f"{part} fast", [1e-3, 1.1e-3])]
+    out = {"rungs": rungs, "floor": Timing("floor", [1e-3, 1e-3]), "extra": {"n": 116}, "seconds": 0.5}
+    if part == "resnet":
+        out["dispatch_floor"] = Timing("empty", [5e-6, 5e-6])
+    return out
+
+
+def test_main_writes_json_with_stamp_and_every_part(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "_ladder", fake_ladder)
+    out = tmp_path / "sub" / "bench.json"
+    bench.main(["--out", str(out)])
+    data = json.loads(out.read_text())
+    assert set(data["parts"]) == {"pln", "resnet"}
+    assert data["stamp"]["jax"] and data["stamp"]["device"]
+    slow = data["parts"]["pln"]["rungs"][0]
+    assert slow["name"] == "pln slow" and slow["median"] == pytest.approx(2.1e-3)
+    assert data["parts"]["resnet"]["dispatch_floor"]["median"] == pytest.approx(5e-6)
+    printed = capsys.readouterr().out
+    assert "### pln" in printed and "| pln slow |" in printed and "2.1" in printed and str(out) in printed
+
+
+def test_one_part(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "_ladder", fake_ladder)
+    out = tmp_path / "b.json"
+    bench.main(["--part", "resnet", "--out", str(out)])
+    assert list(json.loads(out.read_text())["parts"]) == ["resnet"]
+
+
+def test_unknown_part_is_refused():
+    with pytest.raises(ValueError, match="part must be one of"):
+        bench._ladder("mlp")
+    result = subprocess.run([sys.executable, "-m", "fastjax.bench", "--part", "mlp"], capture_output=True, text=True)
+    assert result.returncode == 2 and "invalid choice" in result.stderr

@@ -1,0 +1,233 @@
+"""Unit tests of fastjax.pln: data checks, the ELBO, closed forms, agreement with pyPLNmodels."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import fastjax  # noqa: F401
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fastjax import pln
+
+
+@pytest.fixture(scope="module")
+def oaks() -> pln.PlnData:
+    return pln.load_oaks_counts()
+
+
+@pytest.fixture(scope="module")
+def pyplnmodels_fit(oaks):
+    from pyPLNmodels import Pln
+
+    model = Pln(oaks.counts, offsets=oaks.offsets)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        model.fit()
+    return model
+
+
+def small():
+    rng = np.random.default_rng(0)
+    y = rng.poisson(3.0, size=(20, 4)).astype(float)
+    return y, np.zeros_like(y), np.column_stack([np.ones(20), rng.normal(size=20)])
+
+
+# ----------------------------------------------------------------------------- data
+
+def test_oaks_shapes_and_log_offsets(oaks):
+    n, p, d = oaks.shape
+    assert (n, p, d) == (116, 114, 1)
+    # offsets are log read totals (a few to about 10), not raw totals in the thousands
+    assert 0 < oaks.offsets.min() and oaks.offsets.max() < 15
+
+
+def test_oaks_matches_pyplnmodels(oaks):
+    from pyPLNmodels import load_oaks
+
+    ref = load_oaks()
+    np.testing.assert_array_equal(oaks.counts, ref["endog"].to_numpy())
+    np.testing.assert_allclose(oaks.offsets, ref["offsets"].to_numpy(), rtol=1e-12)
+
+
+def test_repeat_stacks_rows(oaks):
+    big = pln.load_oaks_counts(repeat=3)
+    assert big.counts.shape == (348, 114)
+    np.testing.assert_array_equal(big.counts[116:232], oaks.counts)
+    assert big.log_factorial == pytest.approx(3 * oaks.log_factorial)
+
+
+@pytest.mark.parametrize("repeat", [0, -1, 1.5])
+def test_bad_repeat(repeat):
+    with pytest.raises((ValueError, TypeError), match="repeat"):
+        pln.load_oaks_counts(repeat)
+
+
+def test_defaults_intercept_and_zero_offsets():
+    y, _, _ = small()
+    data = pln.check_pln_data(y)
+    np.testing.assert_array_equal(data.covariates, np.ones((20, 1)))
+    np.testing.assert_array_equal(data.offsets, np.zeros((20, 4)))
+
+
+def test_one_dimensional_covariate_is_a_column():
+    y, o, x = small()
+    assert pln.check_pln_data(y, o, x[:, 1]).covariates.shape == (20, 1)
+
+
+# ----------------------------------------------------------------------------- bad inputs, one each
+
+def test_counts_wrong_shape():
+    with pytest.raises(ValueError, match="counts must be 2-dimensional"):
+        pln.check_pln_data(np.ones(5))
+
+
+def test_counts_negative():
+    y, o, x = small()
+    y[3, 2] = -3
+    with pytest.raises(ValueError, match=r"non-negative integers; found -3.0 at row 3, column 2"):
+        pln.check_pln_data(y, o, x)
+
+
+def test_counts_not_integer():
+    y, o, x = small()
+    y[1, 1] = 2.5
+    with pytest.raises(ValueError, match="non-negative integers; found 2.5"):
+        pln.check_pln_data(y, o, x)
+
+
+def test_counts_nan():
+    y, o, x = small()
+    y[0, 0] = np.nan
+    with pytest.raises(ValueError, match="counts must be finite"):
+        pln.check_pln_data(y, o, x)
+
+
+def test_counts_inf():
+    y, o, x = small()
+    y[0, 1] = np.inf
+    with pytest.raises(ValueError, match="counts must be finite"):
+        pln.check_pln_data(y, o, x)
+
+
+def test_counts_not_numbers():
+    with pytest.raises(TypeError, match="counts must hold numbers"):
+        pln.check_pln_data(np.array([["a", "b"], ["c", "d"]]))
+
+
+def test_offsets_not_matching_counts():
+    y, o, x = small()
+    with pytest.raises(ValueError, match="offsets must have the shape of counts"):
+        pln.check_pln_data(y, o[:, :3], x)
+
+
+def test_offsets_nan():
+    y, o, x = small()
+    o[2, 2] = np.nan
+    with pytest.raises(ValueError, match="offsets must be finite"):
+        pln.check_pln_data(y, o, x)
+
+
+def test_covariates_wrong_rows():
+    y, o, x = small()
+    with pytest.raises(ValueError, match="one row per sample"):
+        pln.check_pln_data(y, o, x[:10])
+
+
+def test_covariates_rank_deficient():
+    y, o, x = small()
+    with pytest.raises(ValueError, match="full column rank"):
+        pln.check_pln_data(y, o, np.column_stack([x, 2 * x[:, 1]]))
+
+
+def test_covariates_inf():
+    y, o, x = small()
+    x[4, 1] = np.inf
+    with pytest.raises(ValueError, match="covariates must be finite"):
+        pln.check_pln_data(y, o, x)
+
+
+# ----------------------------------------------------------------------------- maths
+
+def test_log_stirling_close_to_lgamma():
+    from scipy.special import gammaln
+
+    y = np.arange(1, 200, dtype=float)
+    np.testing.assert_allclose(pln.log_stirling(y), gammaln(y + 1), rtol=2e-2, atol=0.1)
+    assert pln.log_stirling(np.array([0.0])) == pytest.approx(pln.log_stirling(np.array([1.0])))
+
+
+def test_full_elbo_equals_profiled_at_closed_forms():
+    y, o, x = small()
+    data = pln.check_pln_data(y, o, x)
+    rng = np.random.default_rng(1)
+    m, s = rng.normal(size=y.shape), rng.uniform(0.3, 1.0, size=y.shape)
+    b = pln.closed_form_coef(data.covariates, m, np)
+    sig = pln.closed_form_covariance(data.covariates, m, s, np)
+    assert pln.elbo(m, s, b, sig, data, np) == pytest.approx(pln.profiled_elbo(m, s, data, np), rel=1e-12)
+    # any other B or Σ gives a lower ELBO (closed forms maximise it)
+    assert pln.elbo(m, s, b + 0.1, sig, data, np) < pln.profiled_elbo(m, s, data, np)
+    assert pln.elbo(m, s, b, 1.2 * sig, data, np) < pln.profiled_elbo(m, s, data, np)
+
+
+def test_jax_float32_jit_and_float64_agree(oaks):
+    m, s = pln.init_latent(oaks.counts, np)
+    m = m + 0.1
+    ref = pln.profiled_elbo(m, s, oaks, np)
+    d32 = pln.to_jax(oaks)
+    args = (jnp.asarray(m, jnp.float32), jnp.asarray(s, jnp.float32), d32)
+    eager = float(pln.profiled_elbo(*args))
+    jitted = float(jax.jit(pln.profiled_elbo)(*args))
+    assert eager == pytest.approx(ref, rel=1e-5)
+    assert jitted == pytest.approx(ref, rel=1e-5)
+    with jax.enable_x64(True):
+        d64 = pln.to_jax(oaks, jnp.float64)
+        v = jax.jit(pln.profiled_elbo)(jnp.asarray(m), jnp.asarray(s), d64)
+        assert float(v) == pytest.approx(ref, rel=1e-12)
+
+
+def test_jax_gradient_matches_finite_difference():
+    y, o, x = small()
+    data = pln.check_pln_data(y, o, x)
+    m, s = pln.init_latent(data.counts, np)
+    with jax.enable_x64(True):
+        d64 = pln.to_jax(data, jnp.float64)
+        g = jax.grad(pln.profiled_elbo)(jnp.asarray(m), jnp.asarray(s), d64)
+    h = 1e-6
+    mp = m.copy(); mp[2, 1] += h
+    mm = m.copy(); mm[2, 1] -= h
+    fd = (pln.profiled_elbo(mp, s, data, np) - pln.profiled_elbo(mm, s, data, np)) / (2 * h)
+    assert float(g[2, 1]) == pytest.approx(fd, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- pyPLNmodels
+
+def test_elbo_matches_pyplnmodels(oaks, pyplnmodels_fit):
+    m = pyplnmodels_fit._latent_mean.detach().numpy().astype(np.float64)
+    s = pyplnmodels_fit._latent_sqrt_variance.detach().numpy().astype(np.float64)
+    ours = pln.profiled_elbo(m, s, oaks, np)
+    assert ours == pytest.approx(pyplnmodels_fit.elbo, rel=1e-5)
+    assert ours == pytest.approx(pyplnmodels_fit.compute_elbo().item(), rel=1e-5)
+
+
+def test_closed_forms_match_pyplnmodels(oaks, pyplnmodels_fit):
+    m = pyplnmodels_fit._latent_mean.detach().numpy().astype(np.float64)
+    s = pyplnmodels_fit._latent_sqrt_variance.detach().numpy().astype(np.float64)
+    np.testing.assert_allclose(pln.closed_form_coef(oaks.covariates, m, np), pyplnmodels_fit.coef.numpy(),
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(pln.closed_form_covariance(oaks.covariates, m, s, np),
+                               pyplnmodels_fit.covariance.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_init_matches_pyplnmodels(oaks):
+    m, s = pln.init_latent(oaks.counts, np)
+    np.testing.assert_array_equal(m[oaks.counts == 0], 0.0)
+    np.testing.assert_allclose(m, np.log(np.maximum(oaks.counts, 1)))
+    np.testing.assert_array_equal(s, 0.5)
+
+
+def test_relative_gap():
+    assert pln.relative_gap(-101.0, -100.0) == pytest.approx(0.01)
+    assert pln.relative_gap(-99.0, -100.0) == pytest.approx(-0.01)
