@@ -44,3 +44,12 @@ def test_unknown_part_is_refused():
         bench._ladder("mlp")
     result = subprocess.run([sys.executable, "-m", "fastjax.bench", "--part", "mlp"], capture_output=True, text=True)
     assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+def test_figures_are_saved_only_when_asked(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "_ladder", fake_ladder)
+    monkeypatch.setenv("FASTJAX_IMAGES", str(tmp_path / "images"))
+    bench.main(["--out", str(tmp_path / "a.json")])
+    assert not (tmp_path / "images").exists()
+    bench.main(["--out", str(tmp_path / "b.json"), "--figures"])
+    assert sorted(p.name for p in (tmp_path / "images").iterdir()) == ["ladder-pln.png", "ladder-resnet.png"]

@@ -1,6 +1,7 @@
 """Measure both ladders outside the notebooks and write them as JSON.
 
-Usage: ``python -m fastjax.bench [--out results/bench.json] [--part pln|resnet|all]``.
+Usage: ``python -m fastjax.bench [--out results/bench.json] [--part pln|resnet|all] [--figures]``.
+``--figures`` also saves each part's ladder chart as ``images/ladder-<part>.png`` (for the README).
 The size follows ``FASTJAX_SIZE`` (full unless under CI). The Results page calls ``run`` too,
 so the site and the JSON come from the same code.
 """
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Measure the book's ladders and write them as JSON.")
     parser.add_argument("--out", type=Path, default=Path("results/bench.json"), help="JSON file to write")
     parser.add_argument("--part", choices=[*PARTS, "all"], default="all")
+    parser.add_argument("--figures", action="store_true", help="save the ladder charts to images/")
     args = parser.parse_args(argv)
     parts = PARTS if args.part == "all" else (args.part,)
     results = run(parts)
@@ -73,6 +75,23 @@ def main(argv: list[str] | None = None) -> None:
     args.out.write_text(json.dumps(to_plain(results), indent=2, default=float))
     print(summary(results))
     print(f"wrote {args.out}")
+    if args.figures:
+        for path in save_figures(results):
+            print(f"saved {path}")
+
+
+def save_figures(results: dict[str, Any]) -> list[Path]:
+    """Save each part's ladder chart, stamped, as ``images/ladder-<part>.png``; return the paths."""
+    from fastjax import plots
+
+    paths = []
+    for part, res in results["parts"].items():
+        unit = "ms" if res["floor"].median > 1e-3 else "µs"
+        fig = plots.plot_ladder(res["rungs"], floor=res["floor"], dispatch_floor=res.get("dispatch_floor"),
+                                unit=unit, title=f"{part}: time per {'iteration' if part == 'pln' else 'train step'}",
+                                caption=timing.stamp_text(results["stamp"]))
+        paths.append(plots.save_figure(fig, f"ladder-{part}.png"))
+    return paths
 
 
 if __name__ == "__main__":
