@@ -31,7 +31,7 @@ TARGET_GAP = 5e-4  # "reached": within 0.05 % of pyPLNmodels' final ELBO
 def settings() -> Any:
     """The sizes in force: data repeats, iterations of a fit, iterations per timed call, repeats."""
     return sizes.choose(
-        quick=dict(repeat=1, n_iter=50, n_time=50, n_time_eager=5, repeats=5, race_repeats=1),
+        quick=dict(repeat=1, n_iter=50, n_time=30, n_time_eager=3, repeats=3, race_repeats=1),
         full=dict(repeat=100, n_iter=1000, n_time=100, n_time_eager=5, repeats=5, race_repeats=1),
     )
 
