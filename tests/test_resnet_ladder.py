@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fastjax import resnet_ladder as L
+from fastjax import timing
 from fastjax.resnet_nnx import ResNetConfig
 from fastjax.timing import Timing
 
@@ -51,7 +52,7 @@ def test_unknown_rung_is_rejected():
 
 
 def test_interleaved_timing_returns_one_timing_per_callable():
-    out = L.interleaved({"a": lambda: 1, "b": L.dispatch_floor()}, repeats=3, per={"a": 2})
+    out = timing.time_interleaved({"a": lambda: 1, "b": L.dispatch_floor()}, repeats=3, per={"a": 2})
     assert set(out) == {"a", "b"} and all(isinstance(t, Timing) for t in out.values())
     assert len(out["a"].seconds) == 3 and out["a"].per == 2
 

@@ -22,7 +22,7 @@ import numpy as np
 import optax
 
 from fastjax import pln, sizes
-from fastjax.timing import Timing, block, compile_time, time_per_call
+from fastjax.timing import Timing, block, compile_time, first_call_seconds, time_interleaved, time_per_call
 
 LR = 0.01  # pyPLNmodels' default learning rate
 TARGET_GAP = 5e-4  # "reached": within 0.05 % of pyPLNmodels' final ELBO
@@ -318,17 +318,10 @@ def fresh_scan_fit(n_iter: int) -> Callable[..., Any]:
 
 
 def interleaved(calls: dict[str, tuple[Callable[[], Any], int]], rounds: int) -> list[Timing]:
-    """Time several callables in turns (one call each per round, after one warm-up call), so
-    that drifts in machine load hit all alike. ``calls``: name -> (fn, iterations per call)."""
-    for fn, _ in calls.values():
-        block(fn())
-    seconds: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, (fn, per) in calls.items():
-            t0 = time.perf_counter()
-            block(fn())
-            seconds[name].append((time.perf_counter() - t0) / per)
-    return [Timing(name=name, seconds=seconds[name], per=calls[name][1]) for name in calls]
+    """``timing.time_interleaved`` with one call per round; ``calls``: name -> (fn, iterations per call)."""
+    out = time_interleaved({name: fn for name, (fn, _) in calls.items()}, repeats=rounds,
+                           per={name: per for name, (_, per) in calls.items()}, sync="each", min_repeat_seconds=0.0)
+    return list(out.values())
 
 
 def measure_ladder(data: pln.PlnData | None = None) -> dict[str, Any]:
@@ -342,9 +335,7 @@ def measure_ladder(data: pln.PlnData | None = None) -> dict[str, Any]:
     p0 = start(data)
 
     eager = PlnEager(data)
-    t0 = time.perf_counter()
-    block(eager.step())
-    eager_first = time.perf_counter() - t0
+    eager_first = first_call_seconds(eager.step)
     aot = compile_time(fresh_scan_fit(nt), p0, data)
     st0, model0 = init_state(data), PlnModel.create(data)
     calls = {

@@ -24,7 +24,7 @@ from flax import nnx
 
 from fastjax import digits, resnet_eqx, resnet_nnx, sizes
 from fastjax.resnet_nnx import ResNetConfig
-from fastjax.timing import Timing, block, count_traces, time_per_call
+from fastjax.timing import Timing, block, count_traces, time_interleaved, time_per_call
 
 LEARNING_RATE = 3e-3
 NNX_RUNGS = ("no-jit", "nnx.jit", "split/merge", "nnx.cached_partial", "nnx.jit(graph=False)",
@@ -278,32 +278,6 @@ def dispatch_floor() -> Callable[[], jax.Array]:
     return lambda: ident(x)
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, per: dict[str, int] | None = None,
-                sync: str = "last", min_repeat_seconds: float = 0.05) -> dict[str, Timing]:
-    """Time several callables side by side: each repeat runs every callable once (round robin),
-    so background load hits them all alike. Seconds per call divided by ``per[name]``."""
-    per = per or {}
-    numbers = {}
-    for name, fn in fns.items():  # warm up (compiles) and pick a number of calls per repeat
-        block(fn())
-        t0 = time.perf_counter()
-        block(fn())
-        numbers[name] = max(1, int(np.ceil(min_repeat_seconds / max(time.perf_counter() - t0, 1e-7))))
-    seconds: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            n, out = numbers[name], None
-            t0 = time.perf_counter()
-            for _ in range(n):
-                out = fn()
-                if sync == "each":
-                    block(out)
-            block(out)
-            seconds[name].append((time.perf_counter() - t0) / n / per.get(name, 1))
-    return {name: Timing(name=name, seconds=s, number=numbers[name], per=per.get(name, 1), sync=sync)
-            for name, s in seconds.items()}
-
-
 def measure_ladder(names: tuple[str, ...] | None = None, repeats: int | None = None) -> dict[str, Any]:
     """Per-step time of every rung, side by side in one run, with the floor (``jax.jit`` of the
     same step on a flat list of arrays) and the dispatch floor (jitted identity), in the sizes in
@@ -323,7 +297,7 @@ def measure_ladder(names: tuple[str, ...] | None = None, repeats: int | None = N
         per[name] = rung.steps_per_call
     fns["dispatch floor"] = dispatch_floor()
     slow = {n: fns.pop(n) for n in list(fns) if n == "no-jit"}
-    timings = interleaved(fns, repeats, per)
+    timings = time_interleaved(fns, repeats, per)
     if slow:  # eager steps take 10⁴× longer: timed apart, with fewer repeats
         timings["no-jit"] = time_per_call(slow["no-jit"], name="no-jit", repeats=3, number=1, sync="last")
     extra = {"config": vars(s.config).copy(), "batch": s.batch, "scan_k": SCAN_K, "size": s.size,
@@ -386,7 +360,7 @@ def measure_sweep(widths: tuple[int, ...] | None = None, n_steps: int | None = N
                 return out
             return go
 
-        t = interleaved({n: many(r) for n, r in rungs.items()}, repeats, min_repeat_seconds=0.0)
+        t = time_interleaved({n: many(r) for n, r in rungs.items()}, repeats, min_repeat_seconds=0.0)
         for n, r in rungs.items():
             totals[n].append(t[n].median)
             back, ready = _return_and_result(lambda r=r: r.run(x, y), repeats=max(5, repeats))
@@ -433,5 +407,5 @@ def measure_flatten(config: ResNetConfig | None = None, round_trips: int | None 
         f"nnx (model, optimizer) as pytrees: {len(jax.tree.leaves((model, opt)))} leaves": round_trip((model, opt)),
         f"nnx.split + nnx.merge: {len(jax.tree.leaves(nstate))} arrays": split_merge,
     }
-    t = interleaved(cases, repeats=3, per={n: round_trips for n in cases}, sync="each", min_repeat_seconds=0.0)
+    t = time_interleaved(cases, repeats=3, per={n: round_trips for n in cases}, sync="each", min_repeat_seconds=0.0)
     return list(t.values())

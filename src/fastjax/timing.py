@@ -143,6 +143,33 @@ def time_per_call(
     return Timing(name=name, seconds=results, number=number, per=per, sync=sync)
 
 
+def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, per: dict[str, int] | None = None,
+                sync: str = "last", min_repeat_seconds: float = 0.05) -> dict[str, Timing]:
+    """Time several callables side by side: each repeat runs every callable once (round robin),
+    so background load hits them all alike. Warm-up and ``number`` as in ``time_per_call``
+    (``min_repeat_seconds=0`` makes one call per repeat); seconds per call divided by ``per[name]``."""
+    per = per or {}
+    numbers = {}
+    for name, fn in fns.items():  # warm up (compiles) and pick a number of calls per repeat
+        block(fn())
+        t0 = time.perf_counter()
+        block(fn())
+        numbers[name] = max(1, int(np.ceil(min_repeat_seconds / max(time.perf_counter() - t0, 1e-7))))
+    seconds: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            n, out = numbers[name], None
+            t0 = time.perf_counter()
+            for _ in range(n):
+                out = fn()
+                if sync == "each":
+                    block(out)
+            block(out)
+            seconds[name].append((time.perf_counter() - t0) / n / per.get(name, 1))
+    return {name: Timing(name=name, seconds=s, number=numbers[name], per=per.get(name, 1), sync=sync)
+            for name, s in seconds.items()}
+
+
 @dataclass
 class Compiled:
     """An AOT-compiled callable and the seconds spent lowering (tracing) and compiling it."""
