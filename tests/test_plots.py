@@ -24,7 +24,8 @@ def test_ladder_draws_one_bar_per_rung_with_the_floor(tmp_path, monkeypatch):
     labels = [t.get_text().strip() for t in ax.texts]
     assert labels == ["22.00×", "2.20×", "1.04×"]  # median / floor median
     assert len(ax.get_lines()) >= 2  # floor and dispatch floor
-    assert ax.get_xscale() == "log"  # 22× between the slowest and the fastest rung
+    assert ax.get_xscale() == "linear"  # 22× between slowest and fastest: under the 30× that switches to log
+    assert plots.plot_ladder(ladder(), log=True).axes[0].get_xscale() == "log"
     assert list(tmp_path.iterdir()) == []  # nothing saved unless asked
 
 
