@@ -1,15 +1,19 @@
-"""Measure both ladders outside the notebooks and write them as JSON.
+"""Measure both ladders outside the notebooks and write them as JSON; keep what a build measured.
 
 Usage: ``python -m fastjax.bench [--out results/bench.json] [--part pln|resnet|all] [--figures]``.
 ``--figures`` also saves each part's ladder chart as ``images/ladder-<part>.png`` (for the README).
-The size follows ``FASTJAX_SIZE`` (full unless under CI). The Results page calls ``run`` too,
-so the site and the JSON come from the same code.
+The size follows ``FASTJAX_SIZE``.
+
+Inside a book build each ladder is measured once, by its part's last chapter, which hands its
+result to ``save_part``; the Results page reads it back with ``load_part`` instead of measuring
+again. The files live in ``_build/measurements/`` of the checkout (``FASTJAX_MEASUREMENTS`` overrides).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +37,36 @@ def _ladder(part: str) -> dict[str, Any]:
     return out
 
 
+def measurements_dir() -> Path:
+    """Where a build's measurements are kept: ``$FASTJAX_MEASUREMENTS``, else ``<book>/_build/measurements``."""
+    env = os.environ.get("FASTJAX_MEASUREMENTS")
+    if env:
+        return Path(env)
+    from fastjax.colab import find_root
+
+    try:
+        return find_root() / "_build" / "measurements"
+    except FileNotFoundError:  # outside a checkout (Colab): next to the notebook
+        return Path.cwd() / "measurements"
+
+
+def save_part(part: str, result: dict[str, Any]) -> Path:
+    """Keep one part's ladder result (Timings and plain data) with the stamp, as JSON; return the path."""
+    path = measurements_dir() / f"{part}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(to_plain({"stamp": timing.stamp(), "result": result}), indent=2, default=float))
+    return path
+
+
+def load_part(part: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The (result, stamp) that ``save_part`` kept for ``part`` in this checkout, or None if none was kept."""
+    path = measurements_dir() / f"{part}.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return from_plain(data["result"]), data["stamp"]
+
+
 def run(parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
     """Measure the ladders of ``parts`` in this process, one after the other; return plain data and Timings."""
     return {"stamp": timing.stamp(), "parts": {part: _ladder(part) for part in parts}}
@@ -51,6 +85,17 @@ def to_plain(results: dict[str, Any]) -> dict[str, Any]:
         return value
 
     return plain(results)
+
+
+def from_plain(value: Any) -> Any:
+    """Undo ``to_plain``: dicts written by ``Timing.as_dict`` become Timings again."""
+    if isinstance(value, dict):
+        if {"name", "seconds", "median"} <= value.keys():
+            return timing.Timing.from_dict(value)
+        return {k: from_plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_plain(v) for v in value]
+    return value
 
 
 def summary(results: dict[str, Any]) -> str:

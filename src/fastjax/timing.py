@@ -9,7 +9,6 @@ The same calls work for eager, jitted and AOT-compiled callables.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import platform
@@ -17,7 +16,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
-from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
@@ -83,6 +81,12 @@ class Timing:
         out = asdict(self)
         out.update(median=self.median, q1=self.q1, q3=self.q3, best=self.best)
         return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Timing":
+        """The Timing that ``as_dict`` wrote (the summary statistics are recomputed, not read)."""
+        names = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in names})
 
     def __repr__(self) -> str:
         return (f"Timing({self.name!r}: median {format_seconds(self.median)}, "
@@ -284,13 +288,3 @@ def format_table(rows: Sequence[dict[str, Any]], digits: int = 3) -> str:
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
-
-
-def save_results(path: str | Path, timings: dict[str, Sequence[Timing]], **extra: Any) -> Path:
-    """Write groups of timings, the stamp and any extra plain data to a JSON file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"stamp": stamp(), **extra,
-               "timings": {group: [t.as_dict() for t in ts] for group, ts in timings.items()}}
-    path.write_text(json.dumps(payload, indent=2, default=float))
-    return path
