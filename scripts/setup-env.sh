@@ -1,18 +1,47 @@
-# Sourced by build-book.sh and run-tests.sh: create .venv and install what is missing.
-# Re-installs only when requirements.txt or pyproject.toml changed since the last install.
+# Sourced by build-book.sh and run-tests.sh: create a virtual environment and install what is missing.
+# FASTJAX_LEG picks the environment:
+#   pinned (default): .venv, Python 3.11, pyproject.toml's dependencies held at constraints-py311.txt
+#                     (with torch and pyPLNmodels, the book and the site tests);
+#   newest:           .venv312, Python 3.12, the newest jax/jaxlib/flax/equinox/optax pyproject.toml admits,
+#                     no torch (pyPLNmodels is installed without its dependencies, for its data files).
+# Re-installs only when pyproject.toml or the constraints changed since the last install.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-PYTHON="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-  echo "setup: creating .venv with $($PYTHON --version)"
-  "$PYTHON" -m venv .venv
+LEG="${FASTJAX_LEG:-pinned}"
+
+find_python312() {  # python3.12 on PATH, else pyenv's; only one that really runs (pyenv shims may not)
+  local candidates=(python3.12)
+  if command -v pyenv >/dev/null; then candidates+=("$(pyenv root)"/versions/3.12*/bin/python3.12); fi
+  for p in "${candidates[@]}"; do
+    if "$p" -c "import sys; assert sys.version_info[:2] == (3, 12)" >/dev/null 2>&1; then command -v "$p"; return; fi
+  done
+  return 1
+}
+
+case "$LEG" in
+  pinned) VENV=.venv; PYTHON="${PYTHON:-python3}" ;;
+  newest) VENV=.venv312; PYTHON="${PYTHON:-$(find_python312 || true)}" ;;
+  *) echo "setup: FASTJAX_LEG must be pinned or newest, not '$LEG'"; exit 2 ;;
+esac
+# `bash scripts/setup-env.sh --find-python`: print the interpreter of this leg, or fail when there is none
+if [ "${1:-}" = --find-python ]; then [ -n "$PYTHON" ] && echo "$PYTHON"; exit $?; fi
+if [ -z "$PYTHON" ]; then echo "setup: no Python 3.12 for the $LEG leg on this machine"; exit 3; fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV with $($PYTHON --version)"
+  "$PYTHON" -m venv "$VENV" || { echo "setup: could not create $VENV with $PYTHON"; exit 1; }
 fi
-want="$(cat requirements.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
-if [ "$(cat .venv/.installed 2>/dev/null || true)" != "$want" ]; then
-  echo "setup: installing requirements.txt and the fastjax package into .venv"
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -r requirements.txt -e .
-  echo "$want" > .venv/.installed
+want="$(cat pyproject.toml constraints-py311.txt | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$VENV/.installed" 2>/dev/null || true)" != "$want" ]; then
+  echo "setup: installing the $LEG set into $VENV (pyproject.toml)"
+  pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
+  if [ "$LEG" = pinned ]; then
+    "${pip[@]}" -c constraints-py311.txt -e ".[examples,book,test,site]"
+  else
+    "${pip[@]}" --upgrade -e ".[data,test]" jax jaxlib flax equinox optax
+    "${pip[@]}" --no-deps "pyPLNmodels>=1.0.10,<1.1"
+  fi
+  echo "$want" > "$VENV/.installed"
 fi
-export PATH="$ROOT/.venv/bin:$PATH"
+export PATH="$ROOT/$VENV/bin:$PATH"

@@ -7,32 +7,19 @@ from pathlib import Path
 
 os.environ.setdefault("FASTJAX_SIZE", "quick")
 ROOT = Path(__file__).resolve().parents[1]
-# JAX's persistent compilation cache, for the tests only: a chapter executed twice (nbmake, then the
-# book build) compiles once. Published builds do not set it, so the compile times they show are real.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / "_build" / "jax-cache"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+# Chapters executed by tests/test_chapters.py (phase 1), read back by tests/test_site.py (phase 2).
+EXECUTED = ROOT / "_build" / "executed"
+# What the part chapters measured, read back by the Results page (fastjax.bench.save_part/load_part).
+os.environ.setdefault("FASTJAX_MEASUREMENTS", str(ROOT / "_build" / "measurements"))
 
 import pytest  # noqa: E402
-import yaml  # noqa: E402
+
+from fastjax.colab import toc_files as _toc_files  # noqa: E402
 
 
 def toc_files() -> list[str]:
-    """Every file named in _toc.yml, in order, without suffix (e.g. 'chapters/measuring')."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    out = [toc["root"]]
-
-    def walk(node):
-        if isinstance(node, dict):
-            if "file" in node:
-                out.append(node["file"])
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(toc.get("parts", []))
-    return out
+    """Every page named in _toc.yml, in order, without suffix (e.g. 'chapters/measuring')."""
+    return _toc_files(ROOT)
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,15 @@
-"""The Colab install cell works: a chapter runs in a fresh environment that has only Colab's base.
+"""The generated Colab notebooks run in a fresh environment that has only Colab's base.
 
 A new virtual environment gets what Colab ships (jax, jaxlib, flax, optax, numpy, matplotlib, and
-ipykernel plus nbclient to run a notebook), pinned to the versions of this environment. One chapter is
-converted to ``.ipynb`` and executed there with ``FASTJAX_FORCE_INSTALL=1``, so that its first cell,
-``fastjax.colab.INSTALL_CELL``, installs the rest (this book's package with its examples extra,
-Equinox, pyPLNmodels, torch, scikit-learn) from a copy of this checkout. The chapter must run top to
-bottom, the install must have happened, and jax/jaxlib must be the versions the venv started with.
+ipykernel plus nbclient to run a notebook). A chapter is turned into the notebook Colab opens
+(``fastjax.colab.colab_notebook``: the install cell first) and executed there with
+``FASTJAX_FORCE_INSTALL=1``, so that its first cell installs the rest (this book's package with its
+examples extra: Equinox, pyPLNmodels, torch, scikit-learn) from a copy of this checkout. Two bases:
+
+- **current**: Colab's JAX at this environment's versions. The chapter must run top to bottom and
+  jax/jaxlib must be the versions the venv started with (the cell never downgrades them);
+- **too old**: a JAX older than ``fastjax.colab.JAX_MIN``. The cell must upgrade it, say so, and end
+  in a working kernel.
 """
 
 from __future__ import annotations
@@ -18,16 +22,14 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-import jupytext
 import nbformat
 import pytest
 
-from conftest import ROOT, toc_files
-from fastjax.colab import INSTALL_CELL
+from conftest import ROOT
+from fastjax.colab import JAX_MIN, colab_notebook
 
-# one group: under pytest-xdist (--dist loadgroup) the module's fixtures are built once, on one worker
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("colab")]
-
+pytestmark = pytest.mark.pinned
+OLD_BASE = {"jax": "0.9.2", "jaxlib": "0.9.2", "flax": "0.12.0"}  # older than JAX_MIN: the cell must upgrade
 COLAB_BASE = ("jax", "jaxlib", "flax", "optax", "numpy", "matplotlib")
 RUNNER = ("ipykernel", "nbclient", "nbformat")
 INSTALLED_BY_THE_CELL = ("fastjax", "equinox", "pyPLNmodels", "torch", "scikit-learn")
@@ -62,12 +64,6 @@ print(json.dumps(out))
 """
 
 
-def chapter_to_run() -> str:
-    """The PLN model chapter when the book has it (it needs pyPLNmodels and torch), else measuring."""
-    listed = toc_files()
-    return "chapters/pln/00-model" if "chapters/pln/00-model" in listed else "chapters/measuring"
-
-
 def versions(python: Path, names) -> dict[str, str | None]:
     out = subprocess.run([str(python), "-c", VERSIONS % (tuple(names),)], capture_output=True, text=True,
                          check=True, timeout=60)
@@ -100,31 +96,34 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.mark.timeout(600)
-def test_install_cell_runs_a_chapter_in_a_colab_like_environment(tmp_path):
-    chapter = chapter_to_run()
-    nb = jupytext.read(ROOT / f"{chapter}.md")
-    first = next(c for c in nb.cells if c.cell_type == "code")
-    assert first.source.strip() == INSTALL_CELL.strip(), f"{chapter} does not start with the install cell"
+def release(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split(".")[:3] if x.isdigit())
 
-    # 1. Colab's base, at this environment's versions (pip takes them from its cache), and nothing else.
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("base,chapter", [("current", "chapters/pln/00-model"), ("too-old", "chapters/index")])
+def test_colab_notebook_runs_in_a_colab_like_environment(tmp_path, base, chapter):
+    nb = colab_notebook(ROOT / f"{chapter}.md")
+    assert "FASTJAX_FORCE_INSTALL" in nb.cells[0].source, "the Colab notebook must start with the install cell"
+
+    # 1. Colab's base (at this environment's versions, or with a JAX that is too old), and nothing else.
     venv = tmp_path / "colab"
     base_python = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base_python, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     constraints = constraints_file(tmp_path / "constraints.txt")
     env = clean_env(PIP_CONSTRAINT=str(constraints), PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    pins = [f"{p}=={here(p)}" for p in COLAB_BASE]
+    pins = [f"{p}=={OLD_BASE.get(p, here(p)) if base == 'too-old' else here(p)}" for p in COLAB_BASE]
     subprocess.run([str(python), "-m", "pip", "install", "-q", *pins, *RUNNER], check=True, env=env, timeout=300)
     before = versions(python, COLAB_BASE + INSTALLED_BY_THE_CELL)
-    assert all(before[p] is None for p in INSTALLED_BY_THE_CELL if p != "torch") and before["torch"] is None, before
+    assert all(before[p] is None for p in INSTALLED_BY_THE_CELL), before
 
     # 2. A kernel of that environment, known only to this test.
     jupyter_dir = tmp_path / "jupyter"
     subprocess.run([str(python), "-m", "ipykernel", "install", "--prefix", str(jupyter_dir), "--name", KERNEL],
                    check=True, env=env, capture_output=True, timeout=60)
 
-    # 3. The chapter as Colab gets it, run in that kernel; its first cell installs from a copy of this
+    # 3. The notebook as Colab gets it, run in that kernel; its first cell installs from a copy of this
     #    checkout (a copy, so that pip's build leaves nothing behind in the working tree).
     source = tmp_path / "checkout"
     shutil.copytree(ROOT, source, ignore=CLEAN_COPY_IGNORE)
@@ -134,20 +133,26 @@ def test_install_cell_runs_a_chapter_in_a_colab_like_environment(tmp_path):
     run_env = clean_env(PIP_CONSTRAINT=str(constraints), PATH=env["PATH"],
                         JUPYTER_PATH=str(jupyter_dir / "share" / "jupyter"),
                         FASTJAX_FORCE_INSTALL="1", FASTJAX_SOURCE=source.as_uri(),
-                        FASTJAX_SIZE="quick")
+                        FASTJAX_SIZE="quick", FASTJAX_MEASUREMENTS=str(tmp_path / "measurements"))
     workdir = source / Path(chapter).parent
     result = subprocess.run([str(python), "-c", DRIVER, str(notebook), str(executed), KERNEL, str(workdir)],
                             capture_output=True, text=True, env=run_env, timeout=540)
     assert result.returncode == 0, f"{chapter} failed in the Colab-like environment:\n{result.stderr[-6000:]}"
 
-    # 4. It ran to the end, the cell installed what Colab lacks, and JAX is the one the venv started with.
+    # 4. It ran to the end and the cell installed what Colab lacks.
     ran = nbformat.read(executed, as_version=4)
     code = [c for c in ran.cells if c.cell_type == "code"]
     assert all(c.execution_count is not None for c in code), "not every cell ran"
     assert not any(o.get("output_type") == "error" for c in code for o in c.outputs
                    if "raises-exception" not in c.metadata.get("tags", [])), "a cell raised"
     after = versions(python, COLAB_BASE + INSTALLED_BY_THE_CELL)
-    assert {p: after[p] for p in ("jax", "jaxlib")} == {p: before[p] for p in ("jax", "jaxlib")}
     missing = [p for p in INSTALLED_BY_THE_CELL if after[p] is None]
     assert missing == [], f"the install cell did not install {missing}"
     assert after["torch"] == constraints.read_text().split("torch==")[-1].strip(), "pip pulled another torch"
+    said = "".join(o.get("text", "") for o in code[0].outputs)
+    if base == "current":  # Colab's JAX is kept as it was
+        assert {p: after[p] for p in ("jax", "jaxlib")} == {p: before[p] for p in ("jax", "jaxlib")}
+        assert "upgrading JAX" not in said
+    else:  # upgraded to what the book needs, and the reader is told
+        assert release(after["jax"]) >= release(JAX_MIN) and release(after["jaxlib"]) >= release(JAX_MIN), after
+        assert f"This runtime has JAX {before['jax']}" in said and "upgrading JAX" in said, said

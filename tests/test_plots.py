@@ -26,12 +26,12 @@ def test_ladder_draws_one_bar_per_rung_with_the_floor(tmp_path, monkeypatch):
     assert len(ax.get_lines()) >= 2  # floor and dispatch floor
     assert ax.get_xscale() == "linear"  # 22× between slowest and fastest: under the 30× that switches to log
     assert plots.plot_ladder(ladder(), log=True).axes[0].get_xscale() == "log"
-    assert list(tmp_path.iterdir()) == []  # nothing saved unless asked
+    assert list(tmp_path.iterdir()) == []  # plotting saves nothing
 
 
-def test_saving_only_when_asked(tmp_path, monkeypatch):
+def test_save_figure_writes_into_the_images_folder_only(tmp_path, monkeypatch):
     monkeypatch.setenv("FASTJAX_IMAGES", str(tmp_path))
-    plots.plot_ladder(ladder(), save="ladder")
+    plots.save_figure(plots.plot_ladder(ladder()), "ladder")
     assert (tmp_path / "ladder.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="plain file name"):
         plots.save_figure(plots.plot_ladder(ladder()), "../escape.png")

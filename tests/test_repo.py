@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from fastjax import colab
+
+pytestmark = pytest.mark.pinned
 
 
 def quick_start_commands() -> list[str]:
@@ -48,33 +51,50 @@ def test_ci_runs_the_readme_test_command_and_nothing_else():
 
 def test_build_script_builds_into_build_html_with_warnings_as_errors():
     text = (ROOT / "scripts" / "build-book.sh").read_text()
-    assert "jupyter-book build . --warningiserror" in text
+    assert "jupyter-book build . --warningiserror" in text or "build_book.py" in text
     assert "setup-env.sh" in text and "setup-env.sh" in (ROOT / "scripts" / "run-tests.sh").read_text()
 
 
 def test_layout():
-    for name in ["_config.yml", "_toc.yml", "chapters", "src/fastjax", "images", "tests", "requirements.txt",
-                 "README.md", "pyproject.toml", ".ci/run", ".github/workflows"]:
+    for name in ["_config.yml", "_toc.yml", "chapters", "src/fastjax", "images", "tests", "README.md",
+                 "pyproject.toml", "constraints-py311.txt", ".ci/run", ".github/workflows"]:
         assert (ROOT / name).exists(), name
+    assert not (ROOT / "requirements.txt").exists(), "pyproject.toml is the one dependency list"
 
 
-def test_requirements_name_every_dependency_with_bounds():
-    reqs = {}
-    for line in (ROOT / "requirements.txt").read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if line:
-            name = re.split(r"[<>=!~;\[ ]", line, maxsplit=1)[0].lower()
-            reqs[name] = line
-    for name in ["jax", "jaxlib", "flax", "equinox", "optax", "jupyter-book", "jupytext", "nbmake",
-                 "matplotlib", "pyplnmodels", "setuptools", "torch"]:
-        assert name in reqs, f"requirements.txt lacks {name}"
-        assert re.search(r"[<>=]", reqs[name]), f"{name} has no version bound"
-    assert "<2" in reqs["jupyter-book"] and "<81" in reqs["setuptools"]
+def dependencies() -> dict[str, str]:
+    """Every requirement of pyproject.toml (dependencies and extras), by lower-case name."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(project["dependencies"]) + [r for extra in project["optional-dependencies"].values() for r in extra]
+    return {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower(): r for r in reqs if not r.startswith("fastjax")}
 
 
-def test_pyproject_names_the_package():
+def test_every_dependency_has_a_lower_bound():
+    for name, req in dependencies().items():
+        assert ">=" in req or "==" in req, f"{req} has no lower bound"
+    for name in ["jax", "jaxlib", "flax", "equinox", "optax", "pyplnmodels", "setuptools", "jupyter-book"]:
+        assert name in dependencies(), f"pyproject.toml lacks {name}"
+    assert "<81" in dependencies()["setuptools"] and "<2" in dependencies()["jupyter-book"]
+
+
+def test_lower_bounds_are_the_pinned_leg():
+    """The oldest versions pyproject.toml admits are the ones the pinned leg runs (constraints-py311.txt)."""
+    pins = dict(line.split("#")[0].strip().split("==") for line in (ROOT / "constraints-py311.txt").read_text().splitlines()
+                if "==" in line.split("#")[0])
+    deps = dependencies()
+    for name in ["jax", "jaxlib", "flax", "equinox", "optax"]:
+        assert f">={pins[name]}" in deps[name], f"{name}: pyproject's lower bound is not the pinned {pins[name]}"
+    assert colab.JAX_MIN == pins["jax"], "the Colab install cell's JAX_MIN must be the oldest JAX the book runs"
+
+
+def test_requires_python_matches_the_legs():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert meta["project"]["name"] == "fastjax"
+    assert meta["project"]["name"] == "fastjax" and meta["project"]["requires-python"] == ">=3.11"
+
+
+def test_repository_url_is_written_once_for_the_site_and_once_for_colab():
+    config = __import__("yaml").safe_load((ROOT / "_config.yml").read_text())
+    assert config["repository"]["url"] == colab.REPOSITORY
 
 
 def tool(name: str) -> str | None:
@@ -107,14 +127,14 @@ def test_actionlint_catches_a_broken_workflow(tmp_path):
 
 def test_workflows_pass_zizmor():
     zizmor = tool("zizmor")
-    assert zizmor, "zizmor is not installed (requirements.txt)"
+    assert zizmor, "zizmor is not installed (pyproject.toml, extra "site")"
     out = subprocess.run([zizmor, "--offline", "--format", "plain", *map(str, WORKFLOWS)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_workflows_match_the_github_schema():
     checker = tool("check-jsonschema")
-    assert checker, "check-jsonschema is not installed (requirements.txt)"
+    assert checker, "check-jsonschema is not installed (pyproject.toml, extra "site")"
     out = subprocess.run([checker, "--builtin-schema", "vendor.github-workflows", *map(str, WORKFLOWS)],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -1,10 +1,14 @@
-"""The built site, opened in a real browser (headless Chromium through Playwright).
+"""The built site, opened in a real browser (headless Chromium through Playwright): phase 2 of the suite.
 
-The module builds the book once in the quick size with warnings as errors (that is the suite's
-"book builds with -W" test), serves ``_build/html`` on 127.0.0.1 and opens every page: it loads,
-has no console error, no missing image, no broken internal link, a Colab button that opens the
-chapter's ``.ipynb``, and every figure its executed notebook made. Screenshots of the landing page
-and of the first page of each part go to ``_build/screenshots/`` for a developer to look at.
+The module builds the book once in the quick size with warnings as errors, from the chapters that
+tests/test_chapters.py (phase 1) executed and kept in ``_build/executed/``: a copy of the book whose
+pages are those executed notebooks, each marked so that myst-nb renders it without running it
+again. Pages that phase 1 leaves to the build (the Results page, which reads what the part chapters
+saved) are executed by this build. A cell error fails the build and names the page. The module then
+serves ``_build/html`` on 127.0.0.1 and opens every page: it loads, has no console error, no missing
+image, no broken internal link, a Colab button that opens the chapter's ``.ipynb``, and every figure
+its executed notebook made. Screenshots of the landing page and of the first page of each part go to
+``_build/screenshots/`` for a developer to look at.
 """
 
 from __future__ import annotations
@@ -27,17 +31,17 @@ from urllib.parse import unquote, urlparse
 import pytest
 import yaml
 
-from conftest import ROOT, toc_files
+from conftest import EXECUTED, ROOT, toc_files
 
-# one group: under pytest-xdist (--dist loadgroup) the module's fixtures are built once, on one worker
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("site")]
+pytestmark = [pytest.mark.site]
 
 CHROMIUM = Path(os.environ.get("FASTJAX_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-BUILD_TIMEOUT = 1800  # seconds: the build executes every chapter
+BUILD_TIMEOUT = 1200  # seconds: renders every page, executes the pages phase 1 left to the build
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 PAGES = toc_files()
+BOOK_FILES = ("_config.yml", "_toc.yml", "_ext", "chapters", "images")
 IMAGE_MIMES = ("image/svg+xml", "image/png", "image/jpeg", "image/gif")
 # myst-nb shows the first of these that an output has (its HTML priority list)
 RENDER_PRIORITY = ("application/vnd.jupyter.widget-view+json", "application/javascript", "text/html",
@@ -59,22 +63,38 @@ class Build:
         return self.out / "_build" / "jupyter_execute"
 
 
+def book_from_executed(dest: Path) -> list[str]:
+    """A copy of the book in ``dest`` whose pages are phase 1's executed notebooks; return those pages."""
+    for name in BOOK_FILES:
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dest / name)
+    reused = []
+    for page in PAGES:
+        executed = EXECUTED / f"{page}.ipynb"
+        if executed.is_file() and executed.stat().st_mtime >= (ROOT / f"{page}.md").stat().st_mtime:
+            (dest / f"{page}.md").unlink()
+            shutil.copy2(executed, dest / f"{page}.ipynb")
+            reused.append(page)
+    return reused
+
+
 @pytest.fixture(scope="module")
 def build(tmp_path_factory) -> Build:
     out = tmp_path_factory.mktemp("book")
+    book = out / "src"
+    book.mkdir()
+    reused = book_from_executed(book)
     exe = Path(sys.executable).with_name("jupyter-book")
-    cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(ROOT), "--path-output", str(out),
+    cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(book), "--path-output", str(out),
            "--builder", "html", "-W", "--keep-going"]
-    # conftest sets MPLBACKEND=Agg for the tests; a kernel that inherits it shows no figure at all,
-    # so the book is built with the kernels' own inline backend.
     env = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND", "PYTEST_CURRENT_TEST")}
     env["FASTJAX_SIZE"] = "quick"
     # fastjax, imported by other tests in this process, added its CPU fix to XLA_FLAGS: each chapter
     # applies it itself, as it would for a reader
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "ynn_fusion_type" not in f]
-    env["XLA_FLAGS"] = " ".join(flags)
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=BUILD_TIMEOUT, cwd=ROOT)
-    return Build(proc.returncode, proc.stdout + proc.stderr, out)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "ynn_fusion_type" not in f)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=BUILD_TIMEOUT, cwd=book)
+    log = f"pages rendered from phase 1's executed notebooks: {len(reused)} of {len(PAGES)}\n"
+    return Build(proc.returncode, log + proc.stdout + proc.stderr, out)
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +109,13 @@ def test_book_builds_with_W(build):
                 if re.search(r"WARNING|ERROR|Traceback", line) and not line.startswith("[IPKernelApp]")]
     assert build.returncode == 0, "jupyter-book build -W failed:\n" + "\n".join(problems[:40] or [build.log[-4000:]])
     assert (build.html / "chapters" / "index.html").exists()
+
+
+def test_every_page_is_executed_once(build):
+    """Phase 1 executed every chapter it could; the build executed only what phase 1 left to it."""
+    executed_by_build = re.findall(r"Executed notebook in", build.log)
+    left = [p for p in PAGES if not (EXECUTED / f"{p}.ipynb").is_file()]
+    assert len(executed_by_build) <= len(left), f"the build re-executed pages phase 1 had run: {build.log[:2000]}"
 
 
 # ---------------------------------------------------------------- server and browser

@@ -11,8 +11,18 @@ from fastjax import timing
 
 
 def test_block_waits_on_every_array_of_a_pytree():
-    tree = {"a": jnp.ones(3) * 2, "b": [jnp.zeros(2), 1.0, "text"]}
+    waited = []
+
+    class Pending:  # a leaf that records when it is waited on
+        def __init__(self, name):
+            self.name = name
+
+        def block_until_ready(self):
+            waited.append(self.name)
+
+    tree = {"a": Pending("a"), "b": [Pending("b"), 1.0, "text"], "c": (Pending("c"),)}
     assert timing.block(tree) is tree
+    assert sorted(waited) == ["a", "b", "c"]
 
 
 class FakeClock:
@@ -94,7 +104,7 @@ def test_jitted_eager_and_aot_callables_all_time(sync):
     aot = timing.compile_time(jf, x)
     for fn in (f, jf, aot.compiled):
         t = timing.time_per_call(fn, x, repeats=3, sync=sync)
-        assert t.median > 0 and t.number >= 1 and t.sync == sync
+        assert len(t.seconds) == 3 and t.number >= 1 and t.sync == sync
 
 
 def test_compile_time_is_measured_apart_and_compiled_agrees():

@@ -1,9 +1,10 @@
 """Check that this machine can run the book: ``python -m fastjax.doctor``.
 
-Prints Python and library versions, the devices JAX sees, the size in force and whether the
-CPU workaround is active, then runs the miscompile probe: a jitted float32 sum of
-``y*log(y) - y + 0.5*log(2*pi*y)`` compared with float64 NumPy. Exits 1 with one line per
-problem (a package a chapter needs that does not import, a wrong probe result), 0 when all is well.
+Each check prints one line, ``pass`` or ``FAIL``, and for a failure the one thing to do about it:
+Python, every package a chapter needs, the size in force, the devices JAX sees, the jaxlib CPU
+miscompile probe (``fastjax._workaround``) and, in this process, a jitted float32 sum of the PLN
+ELBO's Stirling term compared with float64 NumPy. Exits 1 when a check fails (a wrong number
+included), 0 when all pass.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import importlib
 import platform
 import sys
 import warnings
-from dataclasses import dataclass
 from importlib import metadata
 
 import fastjax  # first: applies the CPU workaround before JAX starts
 from fastjax import _workaround, sizes
 
+INSTALL = "pip install 'fastjax[examples]' (or run scripts/setup-env.sh in the book's checkout)"
 # (module to import, distribution for the version, what needs it)
 PACKAGES: tuple[tuple[str, str, str], ...] = (
     ("jax", "jax", "every chapter"),
@@ -33,102 +34,72 @@ PACKAGES: tuple[tuple[str, str, str], ...] = (
     ("sklearn", "scikit-learn", "the digits data of Part II"),
 )
 
-PROBE_SHAPE = (116, 114)  # the oaks counts matrix
-PROBE_RANGE = (0.1, 20.0)
-PROBE_TOLERANCE = 1e-5  # relative error; jaxlib 0.10.2 without the workaround gives about 5e-3
+
+def versions_line() -> str:
+    """Python and the JAX family's versions on one line."""
+    def v(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "missing"
+    libs = ", ".join(f"{d} {v(d)}" for d in ("jax", "jaxlib", "flax", "equinox", "optax"))
+    return f"Python {platform.python_version()}, {libs}"
 
 
-@dataclass
-class ProbeResult:
-    """The jitted float32 sum, the float64 NumPy sum and their relative error."""
-
-    jitted: float
-    reference: float
-
-    @property
-    def relative_error(self) -> float:
-        """|jitted - reference| / |reference| (dimensionless)."""
-        return abs(self.jitted - self.reference) / abs(self.reference)
-
-    @property
-    def ok(self) -> bool:
-        """True when the relative error is below ``PROBE_TOLERANCE``."""
-        return self.relative_error < PROBE_TOLERANCE
-
-
-def miscompile_probe(seed: int = 0) -> ProbeResult:
-    """Sum ``y*log(y) - y + 0.5*log(2*pi*y)`` (a Stirling term) jitted in float32 and in float64 NumPy."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    y = np.random.default_rng(seed).uniform(*PROBE_RANGE, size=PROBE_SHAPE).astype(np.float32)
-
-    @jax.jit
-    def stirling_sum(y):
-        return jnp.sum(y * jnp.log(y) - y + 0.5 * jnp.log(2 * jnp.pi * y))
-
-    y64 = y.astype(np.float64)
-    reference = float(np.sum(y64 * np.log(y64) - y64 + 0.5 * np.log(2 * np.pi * y64)))
-    return ProbeResult(jitted=float(stirling_sum(jnp.asarray(y))), reference=reference)
-
-
-def check_packages() -> tuple[list[tuple[str, str]], list[str]]:
-    """Import every package a chapter needs: (name, version) rows and one problem line per failure."""
-    rows, problems = [], []
+def checks() -> list[tuple[str, bool, str, str]]:
+    """Every check as (name, passed, what was found, what to do when it failed)."""
+    out = [("python", sys.version_info >= (3, 11), platform.python_version(), "use Python 3.11 or newer")]
     for module, dist, needed_by in PACKAGES:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # pkg_resources' deprecation notice
                 importlib.import_module(module)
+            found, ok = metadata.version(dist), True
         except Exception as err:  # ImportError, or a broken install raising something else
-            rows.append((dist, "MISSING"))
-            problems.append(f"{dist} does not import ({type(err).__name__}: {err}); needed by {needed_by}. "
-                            f"Install it with: pip install -r requirements.txt")
-            continue
-        try:
-            rows.append((dist, metadata.version(dist)))
-        except metadata.PackageNotFoundError:
-            rows.append((dist, "(version unknown)"))
-    return rows, problems
+            found, ok = f"does not import ({type(err).__name__}: {err}); needed by {needed_by}", False
+        out.append((dist, ok, found, INSTALL))
+    try:
+        out.append(("size", True, f"{sizes.current_size()} (FASTJAX_SIZE=quick|full)", ""))
+    except ValueError as err:
+        out.append(("size", False, str(err), "set FASTJAX_SIZE to quick or full"))
+    import jax
+
+    devices = ", ".join(f"{d.platform}: {getattr(d, 'device_kind', '')}" for d in jax.devices())
+    out.append(("devices", True, devices, ""))
+    probe = _workaround.probe()
+    active = _workaround.workaround_active()
+    if probe is None or probe.error_without is None:
+        out.append(("CPU probe", False, "could not run" + (f" ({probe.note})" if probe else ""),
+                    "check that `python -c 'import jax; jax.numpy.ones(1)'` works"))
+    else:
+        found = (f"jaxlib {probe.jaxlib}: jitted sum off by {probe.error_without:.1e} without the fix, "
+                 f"{'XLA lacks the flag' if not probe.flag_known else f'{probe.error_with:.1e} with it'}; "
+                 f"fix {'active' if active else 'not active'}")
+        out.append(("CPU probe", True, found, ""))
+    error = _workaround.check_in_this_process()
+    ok = error <= _workaround.TOLERANCE
+    hint = ("the CPU fix is off: unset FASTJAX_NO_CPU_WORKAROUND and XLA_FLAGS' own "
+            f"{_workaround.FLAG_NAME}, and import fastjax before jax"
+            if probe is not None and probe.needs_flag and not active
+            else "this jaxlib computes a wrong sum that the flag does not fix: try another jaxlib, and report it")
+    out.append(("ELBO sum", ok, f"jitted float32 vs float64 NumPy: relative error {error:.1e} "
+                f"(must be <= {_workaround.TOLERANCE:.0e})", hint))
+    return out
 
 
 def main() -> int:
-    """Print the report; return the exit status (0 all well, 1 a problem)."""
-    print(f"fastjax doctor (fastjax {fastjax.__version__})")
-    print(f"  {'python':<14}{platform.python_version()} ({sys.executable})")
-    rows, problems = check_packages()
-    for name, version in rows:
-        print(f"  {name:<14}{version}")
-    try:
-        size = sizes.current_size()
-    except ValueError as err:
-        size = "INVALID"
-        problems.append(str(err))
-    print(f"  {'size':<14}{size} (set FASTJAX_SIZE=quick for a run of minutes on a laptop CPU)")
-    active = _workaround.workaround_active()
-    needed = _workaround.needs_workaround()
-    print(f"  {'CPU fix':<14}{'active' if active else 'not active'}"
-          f" ({'needed' if needed else 'not needed'} on jaxlib {_workaround.jaxlib_version()})")
-    if "jax" in sys.modules:
-        import jax
-
-        devices = ", ".join(f"{d.platform}: {getattr(d, 'device_kind', '')}" for d in jax.devices())
-        print(f"  {'devices':<14}{devices}")
-        probe = miscompile_probe()
-        verdict = "ok" if probe.ok else "WRONG"
-        print(f"  {'probe':<14}{verdict}: jitted float32 sum {probe.jitted:.6g} vs float64 {probe.reference:.6g}, "
-              f"relative error {probe.relative_error:.1e} (must be < {PROBE_TOLERANCE:.0e})")
-        if not probe.ok:
-            hint = ("the CPU fix is off: unset FASTJAX_NO_CPU_WORKAROUND and import fastjax before jax"
-                    if needed and not active else "this jaxlib computes a wrong sum; report it with this output")
-            problems.append(f"the miscompile probe is wrong by {probe.relative_error:.1e}: {hint}")
-    if problems:
-        print(f"\n{len(problems)} problem(s); the book will not run as it is:", file=sys.stderr)
-        for line in problems:
-            print(f"  - {line}", file=sys.stderr)
+    """Print one line per check; return the exit status (0 all pass, 1 a check failed)."""
+    print(f"fastjax doctor (fastjax {fastjax.__version__}, {sys.executable})")
+    failed = 0
+    for name, ok, found, todo in checks():
+        print(f"  {'pass' if ok else 'FAIL'}  {name:<13}{found}")
+        if not ok:
+            failed += 1
+            print(f"        -> {todo}")
+    if failed:
+        print(f"\n{failed} check(s) failed: the book will not run right here (see the -> lines).", file=sys.stderr)
         return 1
-    print("\nAll good: every chapter can run here.")
+    print("\nAll checks pass: every chapter can run here.")
     return 0
 
 

@@ -1,7 +1,7 @@
 """Charts for the book: the ladder (per-call times with the floor marked) and sweeps.
 
-Figures are returned, never saved, unless ``save=`` names a file: then they go to the
-repository's ``images/`` folder (or ``FASTJAX_IMAGES`` when set).
+Figures are returned, never saved; ``save_figure`` writes one into the repository's ``images/``
+folder (or ``FASTJAX_IMAGES`` when set), which ``python -m fastjax.bench --figures`` does for the README.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ def plot_ladder(
     unit: str = "µs",
     caption: str | None = None,
     log: bool | None = None,
-    save: str | None = None,
 ) -> plt.Figure:
     """Horizontal bars of median time per call (IQR as whiskers), one per rung, top to bottom,
     with the floor drawn as a dashed line and each bar labelled with its ratio to the floor."""
@@ -83,8 +82,6 @@ def plot_ladder(
         fig.text(0.01, -0.02, caption, fontsize=7, color="0.35", ha="left", va="top", wrap=True)
     ax.margins(x=0.15)
     fig.tight_layout()
-    if save:
-        save_figure(fig, save)
     return fig
 
 
@@ -97,7 +94,6 @@ def plot_sweep(
     logx: bool = True,
     logy: bool = True,
     caption: str | None = None,
-    save: str | None = None,
 ) -> plt.Figure:
     """Lines of ``series[name][i]`` against ``x[i]``, one per name, with markers."""
     if not series:
@@ -120,6 +116,4 @@ def plot_sweep(
     if caption:
         fig.text(0.01, -0.02, caption, fontsize=7, color="0.35", ha="left", va="top", wrap=True)
     fig.tight_layout()
-    if save:
-        save_figure(fig, save)
     return fig
