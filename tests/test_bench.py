@@ -53,3 +53,20 @@ def test_figures_are_saved_only_when_asked(tmp_path, monkeypatch):
     assert not (tmp_path / "images").exists()
     bench.main(["--out", str(tmp_path / "b.json"), "--figures"])
     assert sorted(p.name for p in (tmp_path / "images").iterdir()) == ["ladder-pln.png", "ladder-resnet.png"]
+
+
+def test_a_saved_part_loads_back_as_timings(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTJAX_MEASUREMENTS", str(tmp_path))
+    ladder = fake_ladder("resnet")
+    bench.save_part("resnet", ladder)
+    result, stamp = bench.load_part("resnet")
+    assert result["rungs"] == ladder["rungs"] and result["dispatch_floor"] == ladder["dispatch_floor"]
+    assert result["extra"] == {"n": 116} and stamp["size"] == "quick"
+    assert bench.load_part("pln") is None  # nothing saved for that part
+
+
+def test_a_part_saved_at_another_size_is_not_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTJAX_MEASUREMENTS", str(tmp_path))
+    bench.save_part("pln", fake_ladder("pln"))
+    monkeypatch.setenv("FASTJAX_SIZE", "full")
+    assert bench.load_part("pln") is None

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import fastjax  # noqa: F401  (the CPU workaround, before JAX starts)
-from fastjax import timing
+from fastjax import sizes, timing
 
 PARTS = ("pln", "resnet")
 
@@ -59,11 +59,13 @@ def save_part(part: str, result: dict[str, Any]) -> Path:
 
 
 def load_part(part: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """The (result, stamp) that ``save_part`` kept for ``part`` in this checkout, or None if none was kept."""
+    """The (result, stamp) that ``save_part`` kept for ``part`` at the size in force, or None if none was kept."""
     path = measurements_dir() / f"{part}.json"
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
+    if data["stamp"].get("size") != sizes.current_size():
+        return None  # measured at the other size: not this build's numbers
     return from_plain(data["result"]), data["stamp"]
 
 
