@@ -63,19 +63,44 @@ class Build:
         return self.out / "_build" / "jupyter_execute"
 
 
+MD_LINK = re.compile(r"\]\(([^)\s#]+)\.md(#[^)\s]*)?\)")
+
+
+def relink(text: str, page: str, reused: set[str]) -> str:
+    """Point Markdown links ``[x](other.md)`` of ``page`` at ``other.ipynb`` where that page is a notebook now."""
+    def swap(m: re.Match) -> str:
+        target = (Path(page).parent / m.group(1)).as_posix()
+        target = str(Path(os.path.normpath(target)))
+        return f"]({m.group(1)}.ipynb{m.group(2) or ''})" if target in reused else m.group(0)
+    return MD_LINK.sub(swap, text)
+
+
 def book_from_executed(dest: Path) -> list[str]:
     """A copy of the book in ``dest`` whose pages are phase 1's executed notebooks; return those pages."""
     for name in BOOK_FILES:
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dest / name)
-    reused = []
+    reused = {page for page in PAGES if (EXECUTED / f"{page}.ipynb").is_file()
+              and (EXECUTED / f"{page}.ipynb").stat().st_mtime >= (ROOT / f"{page}.md").stat().st_mtime}
     for page in PAGES:
-        executed = EXECUTED / f"{page}.ipynb"
-        if executed.is_file() and executed.stat().st_mtime >= (ROOT / f"{page}.md").stat().st_mtime:
+        if page in reused:
+            nb = json.loads((EXECUTED / f"{page}.ipynb").read_text())
+            for cell in nb["cells"]:
+                if cell["cell_type"] == "markdown":
+                    source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+                    cell["source"] = relink(source, page, reused)
             (dest / f"{page}.md").unlink()
-            shutil.copy2(executed, dest / f"{page}.ipynb")
-            reused.append(page)
-    return reused
+            (dest / f"{page}.ipynb").write_text(json.dumps(nb))
+        else:
+            md = dest / f"{page}.md"
+            md.write_text(relink(md.read_text(), page, reused))
+    return sorted(reused)
+
+
+def test_relink_points_md_links_at_notebooks():
+    text = "[a](01-no-jit.md) [b](../measuring.md#x) [c](02-jit.md) [d](https://x.org/y.md)"
+    out = relink(text, "chapters/pln/00-model", {"chapters/pln/01-no-jit", "chapters/measuring"})
+    assert out == "[a](01-no-jit.ipynb) [b](../measuring.ipynb#x) [c](02-jit.md) [d](https://x.org/y.md)"
 
 
 @pytest.fixture(scope="module")
