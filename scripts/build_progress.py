@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 from fastjax.colab import toc_files  # noqa: E402
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Sphinx colours its output even in a pipe
 READING = re.compile(r"reading sources\.\.\. \[\s*\d+%\] (\S+)")
-EXECUTED = re.compile(r"Executed notebook in ([\d.]+) seconds")
+EXECUTED = re.compile(r"(?:(\S+)\.(?:md|ipynb): )?Executed notebook in ([\d.]+) seconds")
 
 
 def main() -> None:
@@ -31,7 +32,7 @@ def main() -> None:
     current = None
     for line in sys.stdin:
         sys.stdout.write(line)
-        for segment in line.split("\r"):  # Sphinx rewrites its "reading sources" line with carriage returns
+        for segment in ANSI.sub("", line).split("\r"):  # Sphinx rewrites its "reading sources" line with carriage returns
             current = handle(segment, current, pages, times, before)
         sys.stdout.flush()
     if times:
@@ -45,14 +46,22 @@ def handle(segment: str, current: str | None, pages: list[str], times: dict[str,
     """Note the page being read; after an execution, print the progress line. Return the current page."""
     if m := READING.search(segment):
         return m.group(1)
-    if (m := EXECUTED.search(segment)) and current:
-            times[current] = float(m.group(1))
-            left = [p for p in pages if p not in times and pages.index(p) > pages.index(current)] if current in pages else []
-            mean = sum(times.values()) / len(times)
-            estimate = sum(before.get(p, mean) for p in left)
-            source = "from this machine's last build" if before else "from the mean so far"
-            print(f"\n[{len(times)}/{len(pages)}] {current} executed in {times[current]:.0f} s; "
-                  f"about {estimate / 60:.0f} min left ({source})", flush=True)
+    m = EXECUTED.search(segment)
+    if m is None:
+        return current
+    if m.group(1):  # the executed file's path: the page is that path below the book's root
+        path = Path(m.group(1))
+        if path.is_absolute() and path.is_relative_to(ROOT):
+            current = str(path.relative_to(ROOT))
+    if current is None:
+        return None
+    times[current] = float(m.group(2))
+    left = [p for p in pages if p not in times]  # Sphinx reads pages in name order, not the toc order
+    mean = sum(times.values()) / len(times)
+    estimate = sum(before.get(p, mean) for p in left)
+    source = "from this machine's last build" if before else "from the mean so far"
+    print(f"\n[{len(times)}/{len(pages)}] {current} executed in {times[current]:.0f} s; "
+          f"about {estimate / 60:.0f} min left ({source})", flush=True)
     return current
 
 
