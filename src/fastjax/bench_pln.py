@@ -170,20 +170,20 @@ def race(repeat: int | None = None, torch_threads: int | None = None) -> dict[st
     data_np = pln.load_oaks_counts(repeat)
     data = pln.to_jax(data_np)
     fit_pyplnmodels(pln.load_oaks_counts(1), maxiter=5)  # warm-up: torch's first fit is slower
-    aot = compile_time(jax.jit(R.fit_until_converged), *_converge_args(data, -math.inf))
+    aot = compile_time(jax.jit(R.fit_until_converged), *_converge_args(data, math.inf))
     runs, jax_conv, jax_target = [], [], []
     target = None
     for _ in range(cfg.race_repeats):  # in turns, so that a change of load hits both alike
         runs.append(fit_pyplnmodels(data_np))
         target = float(runs[0][2][-1]) if target is None else target
-        jax_conv.append(time_per_call(aot.compiled, *_converge_args(data, -math.inf), repeats=1, number=1,
+        jax_conv.append(time_per_call(aot.compiled, *_converge_args(data, math.inf), repeats=1, number=1,
                                       warmup=0).median)
         reach = target - TARGET_GAP * abs(target)
         jax_target.append(time_per_call(aot.compiled, *_converge_args(data, reach), repeats=1, number=1,
                                         warmup=0).median)
     _, p_elbos, p_times = runs[0][0], runs[0][2], runs[0][3]
     k_p = first_reaching(p_elbos, target)
-    _, j_elbos, crit = aot.compiled(*_converge_args(data, -math.inf))
+    _, j_elbos, crit = aot.compiled(*_converge_args(data, math.inf))
     j_elbos = np.asarray(j_elbos)[: int(crit.count)]
     _, _, crit_t = aot.compiled(*_converge_args(data, target - TARGET_GAP * abs(target)))
     with tempfile.TemporaryDirectory() as cache:
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache-run", metavar="DIR", help="time the first call with the persistent cache in DIR")
     parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--target", type=float, default=-math.inf)
+    parser.add_argument("--target", type=float, default=math.inf)
     args = parser.parse_args(argv)
     if args.cache_run:
         print(json.dumps(cache_run(args.cache_run, args.repeat, args.target)))
