@@ -57,11 +57,12 @@ def test_first_update_moves_by_lr():
     np.testing.assert_array_equal(u, np.array([-0.01, 0.01, 0.0], np.float32))
 
 
-def test_optax_rprop_is_not_torch():
+def test_optax_rprop_is_stale_or_fixed():
     x0 = np.linspace(-1.0, 2.0, 7)
-    stale = jax_path(optax.rprop(0.01), x0, 5)
-    np.testing.assert_array_equal(stale[0], x0)  # optax 0.2.8: the first update is the stored zeros
-    assert not np.allclose(stale, torch_path(x0, 5))
+    theirs = jax_path(optax.rprop(0.01), x0, 5)
+    if np.allclose(theirs, torch_path(x0, 5)):
+        pytest.skip("optax.rprop now follows torch (optax pull request #1725)")
+    np.testing.assert_array_equal(theirs[0], x0)  # optax 0.2.8: the first update is the stored zeros
 
 
 def test_pytree_of_three_arrays():

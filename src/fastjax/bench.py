@@ -26,7 +26,7 @@ PARTS = ("pln", "resnet")
 
 def _ladder(part: str) -> dict[str, Any]:
     if part == "pln":
-        from fastjax import pln_ladder as ladder
+        from fastjax import bench_pln as ladder
     elif part == "resnet":
         from fastjax import resnet_ladder as ladder
     else:
@@ -68,8 +68,14 @@ def load_part(part: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
 
 
 def run(parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
-    """Measure the ladders of ``parts`` in this process, one after the other; return plain data and Timings."""
-    return {"stamp": timing.stamp(), "parts": {part: _ladder(part) for part in parts}}
+    """Measure the ladders of ``parts`` in this process, one after the other; return plain data and Timings.
+    With "pln", also the race against pyPLNmodels (``bench_pln.race``) under the key ``race``."""
+    out = {"stamp": timing.stamp(), "parts": {part: _ladder(part) for part in parts}}
+    if "pln" in parts:
+        from fastjax import bench_pln
+
+        out["race"] = bench_pln.race()
+    return out
 
 
 def to_plain(results: dict[str, Any]) -> dict[str, Any]:

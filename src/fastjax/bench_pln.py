@@ -158,7 +158,6 @@ def race(repeat: int | None = None, torch_threads: int | None = None) -> dict[st
     ``lax.while_loop``, compiled once): time to converge and to reach pyPLNmodels' final ELBO (within
     0.05 %), compile apart, compile included, and in a fresh process with a warm persistent cache.
     Medians over ``race_repeats`` runs, taken in turns. Seconds."""
-    import jax
     import torch
 
     from fastjax.rungs import pln as R
@@ -170,7 +169,7 @@ def race(repeat: int | None = None, torch_threads: int | None = None) -> dict[st
     data_np = pln.load_oaks_counts(repeat)
     data = pln.to_jax(data_np)
     fit_pyplnmodels(pln.load_oaks_counts(1), maxiter=5)  # warm-up: torch's first fit is slower
-    aot = compile_time(jax.jit(R.fit_until_converged), *_converge_args(data, math.inf))
+    aot = compile_time(R.fit_until_converged, *_converge_args(data, math.inf))
     runs, jax_conv, jax_target = [], [], []
     target = None
     for _ in range(cfg.race_repeats):  # in turns, so that a change of load hits both alike
