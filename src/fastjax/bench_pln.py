@@ -88,6 +88,35 @@ def measure_ladder(data: pln.PlnData | None = None) -> dict[str, Any]:
     return {"rungs": timings, "floor": floor, "extra": extra}
 
 
+def profile_iteration(data: pln.PlnData | None = None) -> list[Timing]:
+    """Where one JAX iteration's time goes: seconds per iteration of scans that compute more and more of
+    it (the ELBO; the ELBO and its gradient; a whole Rprop step; the while_loop fit), AOT-compiled, in turns."""
+    import jax
+
+    from fastjax.rungs import pln as R
+
+    cfg = settings()
+    data = pln.to_jax(pln.load_oaks_counts(cfg.repeat)) if data is None else data
+    nt, p0 = cfg.n_time, pln.start(data)
+
+    def scan_of(fn):  # nt calls of fn(params) in one scan, params nudged so nothing is hoisted out
+        def run(params, data):
+            def body(c, _):
+                return jax.tree.map(lambda a: a * 1.0000001, c), fn(c, data)
+            return jax.lax.scan(body, params, length=nt)[1]
+        return compile_time(jax.jit(run), p0, data).compiled
+
+    elbo_only = scan_of(lambda c, d: pln.loss(c, d))
+    with_grad = scan_of(lambda c, d: jax.value_and_grad(pln.loss)(c, d)[1])
+    step = compile_time(jax.jit(lambda params, data: R.scan_fit(params, data, nt)), p0, data).compiled
+    args = _converge_args(data, math.inf)
+    until = compile_time(R.fit_until_converged, *args, maxiter=nt).compiled
+    return interleaved({"ELBO": (lambda: elbo_only(p0, data), nt),
+                        "ELBO + gradient": (lambda: with_grad(p0, data), nt),
+                        "whole Rprop step (scan)": (lambda: step(p0, data), nt),
+                        "whole step + criterion (while_loop)": (lambda: until(*args), nt)}, cfg.repeats + 2)
+
+
 def fit_pyplnmodels(data: pln.PlnData, dtype: str = "float32", maxiter: int = pln.MAXITER,
                     tol: float = pln.TOL) -> tuple[Any, float, np.ndarray, np.ndarray]:
     """``pyPLNmodels.Pln(...).fit()`` quietly, in float32 (its own) or float64 (its tensors cast, the
