@@ -90,7 +90,8 @@ def measure_ladder(data: pln.PlnData | None = None) -> dict[str, Any]:
 
 def profile_iteration(data: pln.PlnData | None = None) -> list[Timing]:
     """Where one JAX iteration's time goes: seconds per iteration of scans that compute more and more of
-    it (the ELBO; the ELBO and its gradient; a whole Rprop step; the while_loop fit), AOT-compiled, in turns."""
+    it (the ELBO; its p×p log-determinant term with gradient; the ELBO and its gradient; a whole Rprop
+    step; the while_loop fit), AOT-compiled, timed in turns."""
     import jax
 
     from fastjax.rungs import pln as R
@@ -106,12 +107,17 @@ def profile_iteration(data: pln.PlnData | None = None) -> list[Timing]:
             return jax.lax.scan(body, params, length=nt)[1]
         return compile_time(jax.jit(run), p0, data).compiled
 
+    def logdet_term(c, d):  # the p×p part of the ELBO: −(n/2) log|Σ|, Σ in closed form
+        return -0.5 * c[0].shape[0] * jax.numpy.linalg.slogdet(pln.closed_form_covariance(d.covariates, *c))[1]
+
     elbo_only = scan_of(lambda c, d: pln.loss(c, d))
+    logdet_grad = scan_of(lambda c, d: jax.grad(logdet_term)(c, d))
     with_grad = scan_of(lambda c, d: jax.value_and_grad(pln.loss)(c, d)[1])
     step = compile_time(jax.jit(lambda params, data: R.scan_fit(params, data, nt)), p0, data).compiled
     args = _converge_args(data, math.inf)
     until = compile_time(R.fit_until_converged, *args, maxiter=nt).compiled
     return interleaved({"ELBO": (lambda: elbo_only(p0, data), nt),
+                        "log|Σ| term + its gradient": (lambda: logdet_grad(p0, data), nt),
                         "ELBO + gradient": (lambda: with_grad(p0, data), nt),
                         "whole Rprop step (scan)": (lambda: step(p0, data), nt),
                         "whole step + criterion (while_loop)": (lambda: until(*args), nt)}, cfg.repeats + 2)
