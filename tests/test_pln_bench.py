@@ -72,3 +72,12 @@ def test_race_stops_both_fits_by_the_same_rule():
     assert 0 < out["jax_iters_to_target"] <= out["jax_iterations"]
     assert out["jax_fresh_process_cached_seconds"] > 0 and out["jax_compile_seconds"] > 0
     assert all(out[k] > 0 for k in out if k.startswith("speedup_"))
+
+
+def test_profile_iteration_names_each_piece():
+    rng = np.random.default_rng(1)
+    small = pln.to_jax(pln.check_pln_data(rng.poisson(2.0, size=(12, 3))))
+    parts = bench_pln.profile_iteration(small)
+    assert [t.name for t in parts] == ["ELBO", "log|Σ| term + its gradient", "ELBO + gradient",
+                                       "whole Rprop step (scan)", "whole step + criterion (while_loop)"]
+    assert all(t.median > 0 for t in parts)
