@@ -11,7 +11,6 @@ import pytest
 
 from fastjax.rprop import rprop
 
-torch = pytest.importorskip("torch")
 
 
 def loss_np(x):
@@ -20,6 +19,7 @@ def loss_np(x):
 
 
 def torch_path(x0, n, **kw):
+    torch = pytest.importorskip("torch")
     x = torch.tensor(x0, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Rprop([x], **kw)
     out = []
