@@ -231,3 +231,27 @@ def test_init_matches_pyplnmodels(oaks):
 def test_relative_gap():
     assert pln.relative_gap(-101.0, -100.0) == pytest.approx(0.01)
     assert pln.relative_gap(-99.0, -100.0) == pytest.approx(-0.01)
+
+
+def test_zero_count_column_is_removed_with_a_warning():
+    y, o, x = small()
+    y[:, 2] = 0
+    with pytest.warns(UserWarning, match=r"removed 1 column\(s\) holding only zeros: \[2\]"):
+        data = pln.check_pln_data(y, o, x)
+    assert data.counts.shape == (20, 3) and data.offsets.shape == (20, 3)
+    np.testing.assert_array_equal(data.counts, np.delete(y, 2, axis=1))
+
+
+def test_all_counts_zero():
+    with pytest.raises(ValueError, match="all are zero"):
+        pln.check_pln_data(np.zeros((5, 3)))
+
+
+def test_optimizer_is_pyplnmodels_rprop():
+    import jax.numpy as jnp
+
+    tx = pln.optimizer()
+    state = tx.init(jnp.zeros(2))
+    np.testing.assert_allclose(state.step_sizes, pln.LR)
+    updates, _ = tx.update(jnp.array([3.0, -1.0]), state)
+    np.testing.assert_allclose(updates, [-pln.LR, pln.LR])

@@ -17,12 +17,17 @@ float64 reference computed without JAX). Data checks run in NumPy, before any JA
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from fastjax import checks
+
+LR = 0.01  # pyPLNmodels' default learning rate
+STEP_SIZES = (1e-10, 50.0)  # pyPLNmodels' Rprop step-size bounds (torch's default minimum is 1e-6)
+MAXITER, TOL, BETA = 400, 1e-6, 0.03  # pyPLNmodels' defaults: iteration cap, criterion tolerance, smoothing
 
 
 class PlnData(NamedTuple):
@@ -54,6 +59,8 @@ def check_pln_data(counts: Any, offsets: Any = None, covariates: Any = None) -> 
 
     ``offsets=None`` means zeros; ``covariates=None`` means an intercept (a column of ones); a
     1-D covariate vector is read as one column. Raises TypeError/ValueError naming the problem.
+    Count columns that hold only zeros are removed with a warning naming them, as pyPLNmodels does
+    (their latent mean would run to −∞).
     """
     y = checks.check_counts(counts, "counts")
     n, p = y.shape
@@ -63,6 +70,12 @@ def check_pln_data(counts: Any, offsets: Any = None, covariates: Any = None) -> 
         o = checks.check_matrix(offsets, "offsets")
         if o.shape != (n, p):
             raise ValueError(f"offsets must have the shape of counts {(n, p)}; got {o.shape}")
+    zero = np.flatnonzero(y.sum(axis=0) == 0)
+    if zero.size == p:
+        raise ValueError("counts must have at least one column with a non-zero count; all are zero")
+    if zero.size:
+        warnings.warn(f"counts: removed {zero.size} column(s) holding only zeros: {zero.tolist()}", stacklevel=2)
+        y, o = np.delete(y, zero, axis=1), np.delete(o, zero, axis=1)
     if covariates is None:
         x = np.ones((n, 1))
     else:
@@ -176,6 +189,55 @@ def _tri_solve(lower: Any, b: Any, xp: Any) -> Any:
     import jax.scipy.linalg as jsl
 
     return jsl.solve_triangular(lower, b, lower=True)
+
+
+def start(data: PlnData) -> tuple[Any, Any]:
+    """pyPLNmodels' starting point ``(M, S)`` for ``data``, in its array type."""
+    return init_latent(data.counts, np if isinstance(data.counts, np.ndarray) else None)
+
+
+def loss(params: tuple[Any, Any], data: PlnData) -> Any:
+    """The negative profiled ELBO at ``params = (M, S)``: what the optimizer minimises (JAX)."""
+    m, s = params
+    return -profiled_elbo(m, s, data)
+
+
+def optimizer(lr: float = LR) -> Any:
+    """pyPLNmodels' optimizer: torch's Rprop (``fastjax.rprop``), learning rate ``lr``, steps in [1e-10, 50]."""
+    from fastjax.rprop import rprop
+
+    return rprop(lr, step_sizes=STEP_SIZES)
+
+
+class Criterion(NamedTuple):
+    """pyPLNmodels' stopping criterion (its ``_ElboCriterionMonitor``), as arrays: the number of ELBOs
+    seen, their running sum, the last normalised ELBO, the smoothed derivative, the criterion."""
+
+    count: Any
+    cumulative: Any
+    normalized: Any
+    derivative: Any
+    value: Any
+
+
+def criterion_start(dtype: Any = np.float32, xp: Any = None) -> Criterion:
+    """The monitor before any ELBO: criterion 1, everything else 0."""
+    xp = _xp_default(xp)
+    zero = xp.zeros((), dtype=dtype)
+    return Criterion(xp.zeros((), dtype=np.int32), zero, zero, zero, zero + 1)
+
+
+def criterion_update(c: Criterion, elbo: Any, xp: Any = None) -> Criterion:
+    """Add one ELBO, as pyPLNmodels does: normalise by the running sum, smooth the change of the normalised
+    ELBO and the change of that (factor ``BETA``) from the second ELBO on. Stop when ``|value| < TOL``."""
+    xp = _xp_default(xp)
+    cumulative = c.cumulative + elbo
+    normalized = elbo / cumulative
+    derivative = c.derivative * (1 - BETA) + xp.abs(c.normalized - normalized) * BETA
+    value = c.value * (1 - BETA) + xp.abs(derivative - c.derivative) * BETA
+    later = c.count >= 1  # pyPLNmodels updates the derivative and the criterion from the second ELBO on
+    return Criterion(c.count + 1, cumulative, normalized, xp.where(later, derivative, c.derivative),
+                     xp.where(later, value, c.value))
 
 
 def relative_gap(value: float, reference: float) -> float:
