@@ -5,7 +5,11 @@ code exported from the chapters); nothing here is a lesson, only measurement.
 
 from __future__ import annotations
 
+import gzip
+import json
+import re
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import equinox as eqx
@@ -161,3 +165,76 @@ def measure_flatten(config: ResNetConfig | None = None, n: int | None = None) ->
     }
     t = time_interleaved(cases, repeats=3, per={c: n for c in cases}, min_repeat_seconds=0.0)
     return list(t.values())
+
+
+NHWC_LABELS = "b01f_01io->b01f"  # NHWC input, HWIO kernel, NHWC output: the layout XLA:CPU hands to Eigen
+
+
+def _computations(hlo: str) -> dict[str, list[str]]:
+    """The instruction lines of each computation of an HLO module's text, by name ('ENTRY' too)."""
+    comps: dict[str, list[str]] = {}
+    cur = None
+    for line in hlo.splitlines():
+        m = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
+        if m:
+            cur = m.group(1)
+            comps[cur] = []
+        elif line.strip() == "}":
+            cur = None
+        elif cur:
+            comps[cur].append(line)
+    return comps
+
+
+def loop_computations(hlo: str) -> set[str]:
+    """Names of the computations that run inside a ``while`` loop (bodies and what they call)."""
+    comps = _computations(hlo)
+    calls = {c: set(re.findall(r"(?:calls|body|condition|to_apply)=%?([\w.\-]+)", "\n".join(ls)))
+             for c, ls in comps.items()}
+    inside, todo = set(), re.findall(r"body=%?([\w.\-]+)", hlo)
+    while todo:
+        c = todo.pop()
+        if c not in inside:
+            inside.add(c)
+            todo += list(calls.get(c, ()))
+    return inside
+
+
+def instructions(hlo: str) -> dict[str, dict[str, Any]]:
+    """Each instruction of an optimised HLO module: its opcode, whether it runs inside a loop, and
+    for convolutions their ``dim_labels`` (layout)."""
+    inside, out = loop_computations(hlo), {}
+    for comp, lines in _computations(hlo).items():
+        for line in lines:
+            m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = \S+ ([\w\-]+)\(", line)
+            if m:
+                labels = re.search(r"dim_labels=([^,\s]+)", line)
+                out[m.group(1)] = {"op": m.group(2), "in_loop": comp in inside,
+                                   "labels": labels.group(1) if labels else None}
+    return out
+
+
+def convolutions(hlo: str) -> dict[str, int]:
+    """Convolutions of an HLO module counted by place (top level / in a loop) and layout."""
+    count: dict[str, int] = {}
+    for ins in instructions(hlo).values():
+        if ins["op"] == "convolution":
+            key = f"{'in a loop' if ins['in_loop'] else 'top level'}, {'NHWC/HWIO' if ins['labels'] == NHWC_LABELS else 'other layout'}"
+            count[key] = count.get(key, 0) + 1
+    return count
+
+
+def trace_ops(trace_file: str | Path, hlo: str) -> list[dict[str, Any]]:
+    """Total time of each HLO op of one program in a ``jax.profiler`` trace (``*.trace.json.gz``),
+    slowest first: name, opcode, layout, inside a loop or not, calls, total ms."""
+    events = json.loads(gzip.open(trace_file).read())["traceEvents"]
+    known = instructions(hlo)
+    rows: dict[str, dict[str, Any]] = {}
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") != "X" or name not in known or known[name]["op"] == "while":
+            continue
+        row = rows.setdefault(name, {"op name": name, **known[name], "calls": 0, "total ms": 0.0})
+        row["calls"] += 1
+        row["total ms"] += e["dur"] / 1e3
+    return sorted(rows.values(), key=lambda r: -r["total ms"])
