@@ -70,7 +70,7 @@ def sweep_settings() -> Any:
                         full=dict(widths=(4, 8, 16, 32, 64, 128), steps=30, repeats=5))
 
 
-def _return_and_result(run: Callable[[], Any], repeats: int) -> tuple[float, float]:
+def return_and_result(run: Callable[[], Any], repeats: int) -> tuple[float, float]:
     """Median seconds until one call returns, and until its result is ready."""
     back, ready = [], []
     for _ in range(repeats):
@@ -117,7 +117,7 @@ def measure_sweep(widths: tuple[int, ...] | None = None, n_steps: int | None = N
         t = time_interleaved({n: many(r) for n, r in rungs.items()}, repeats, min_repeat_seconds=0.0)
         for n, r in rungs.items():
             totals[n].append(t[n].median)
-            back, ready = _return_and_result(lambda r=r: r.run(x, y), repeats=max(5, repeats))
+            back, ready = return_and_result(lambda r=r: r.run(x, y), repeats=max(5, repeats))
             returns[n].append(back)
             results[n].append(ready)
     overhead = {n: [a / f - 1 for a, f in zip(totals[n], totals["floor"])] for n in names if n != "floor"}

@@ -113,8 +113,13 @@ def _eqx(name: str, config: ResNetConfig, seed: int) -> Rung:
     if name == "eqx pytree + jax.jit":
         counter = count_traces(R.pytree_step(static))
         jitted = jax.jit(counter)
+
+        def carried(c, x, y):
+            *c, loss = jitted(*c, x, y)
+            return tuple(c), loss
+
         weights = lambda c: resnet_eqx.weights(eqx.combine(c[0], static), c[1])  # noqa: E731
-        return _carried(name, jitted, (params, state, opt_state), weights, counter)
+        return _carried(name, carried, (params, state, opt_state), weights, counter)
     if name != "eqx flatten trick":
         raise ValueError(f"unknown rung {name!r}; choose from {NNX_RUNGS + EQX_RUNGS + ('floor',)}")
     leaves, treedef = jax.tree.flatten((params, state, opt_state))
