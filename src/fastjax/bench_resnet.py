@@ -61,13 +61,13 @@ def measure_ladder(names: tuple[str, ...] | None = None, repeats: int | None = N
              "floor_leaves": rungs["floor"].extra["leaves"]}
     return {"rungs": [timings[n] for n in names], "floor": timings["floor"],
             "dispatch_floor": timings["dispatch floor"], "extra": extra}
-SWEEP_RUNGS = ("nnx.jit", "split/merge", "eqx.filter_jit", "eqx flatten trick", "floor")
-
-
 def sweep_settings() -> Any:
-    """Widths, steps per timed run and repeats of the async-dispatch sweep, in the sizes in force."""
-    return sizes.choose(quick=dict(widths=(4, 16), steps=20, repeats=3),
-                        full=dict(widths=(4, 8, 16, 32, 64, 128), steps=30, repeats=5))
+    """Widths, rungs, steps per timed run and repeats of the async-dispatch sweep, in the sizes in force
+    (the quick size sweeps three rungs only: each rung and width is one more compilation)."""
+    return sizes.choose(
+        quick=dict(widths=(4, 16), names=("nnx.jit", "eqx.filter_jit", "floor"), steps=20, repeats=3),
+        full=dict(widths=(4, 8, 16, 32, 64, 128), names=("nnx.jit", "split/merge", "eqx.filter_jit",
+                                                          "eqx flatten trick", "floor"), steps=30, repeats=5))
 
 
 def return_and_result(run: Callable[[], Any], repeats: int) -> tuple[float, float]:
@@ -92,12 +92,13 @@ def below(widths: list[int], overhead: list[float], limit: float = 0.05) -> int 
 
 
 def measure_sweep(widths: tuple[int, ...] | None = None, n_steps: int | None = None,
-                  names: tuple[str, ...] = SWEEP_RUNGS, repeats: int | None = None) -> dict[str, Any]:
+                  names: tuple[str, ...] | None = None, repeats: int | None = None) -> dict[str, Any]:
     """Total seconds of ``n_steps`` steps dispatched back to back (waiting on the last), for each
     rung and network width; the overhead over the floor; the width past which it stays under 5 %;
     and, per rung and width, the seconds until one call returns and until its result is ready."""
     s, sw = settings(), sweep_settings()
     widths, n_steps, repeats = widths or sw.widths, n_steps or sw.steps, repeats or sw.repeats
+    names = names or sw.names
     x, y = (jnp.asarray(a[0]) for a in training_batches(1, s.batch))
     totals: dict[str, list[float]] = {n: [] for n in names}
     returns: dict[str, list[float]] = {n: [] for n in names}
