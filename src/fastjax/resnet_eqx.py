@@ -2,8 +2,8 @@
 
 The network itself (``EqxResNet``, ``eqx_forward``, ``eqx_loss_fn``) is written in chapter
 ``resnet/00-network`` and exported to :mod:`fastjax.rungs.resnet`; it is re-exported here as
-``ResNet``, ``forward`` and ``loss_fn``. Equinox layers act on one example, channels first ``(C, H, W)``; the batch comes from
-``jax.vmap(..., axis_name="batch")``, over which BatchNorm averages. Its running statistics live
+``ResNet``, ``forward`` and ``loss_fn``. Equinox layers act on one example, channels first
+``(C, H, W)``; the batch comes from ``jax.vmap(..., axis_name="batch")``, over which BatchNorm averages. Its running statistics live
 in an ``eqx.nn.State`` next to the model. ``mode="batch"`` normalises with the batch statistics
 in training, as NNX does, and keeps the same running averages (zeros and ones to start,
 momentum ``BN_MOMENTUM``); in inference it divides them by ``1 - momentumᵗ`` after ``t`` updates, where NNX
@@ -25,6 +25,9 @@ from fastjax.resnet_nnx import ResNetConfig
 from fastjax.rungs.resnet import EqxResNet as ResNet
 from fastjax.rungs.resnet import eqx_forward as forward
 from fastjax.rungs.resnet import eqx_loss_fn as loss_fn
+
+__all__ = ["ResNet", "accuracy", "forward", "from_nnx", "from_weights", "loss_fn", "make_model", "predict", "weights"]
+
 
 def make_model(config: ResNetConfig, seed: int = 0) -> tuple[ResNet, eqx.nn.State]:
     """A freshly initialised network and its BatchNorm state (``eqx.nn.make_with_state``)."""
