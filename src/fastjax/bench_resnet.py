@@ -203,15 +203,23 @@ def loop_computations(hlo: str) -> set[str]:
 
 def instructions(hlo: str) -> dict[str, dict[str, Any]]:
     """Each instruction of an optimised HLO module: its opcode, whether it runs inside a loop, and
-    for convolutions their ``dim_labels`` (layout)."""
-    inside, out = loop_computations(hlo), {}
-    for comp, lines in _computations(hlo).items():
+    for convolutions their ``dim_labels`` (layout). A fusion wrapping one convolution (newer
+    XLA:CPU names them ``wrapped_convolution``) counts as that convolution, with ``fused`` set."""
+    comps, inside, out = _computations(hlo), loop_computations(hlo), {}
+    fusion_bodies = set(re.findall(r" fusion\(.*?calls=%?([\w.\-]+)", hlo))
+    for comp, lines in comps.items():
         for line in lines:
-            m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = \S+ ([\w\-]+)\(", line)
-            if m:
-                labels = re.search(r"dim_labels=([^,\s]+)", line)
-                out[m.group(1)] = {"op": m.group(2), "in_loop": comp in inside,
-                                   "labels": labels.group(1) if labels else None}
+            m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = .*? ([\w\-]+)\(", line)
+            if not m:
+                continue
+            op, labels = m.group(2), re.search(r"dim_labels=([^,\s]+)", line)
+            called = re.search(r"calls=%?([\w.\-]+)", line)
+            body = comps.get(called.group(1), []) if op == "fusion" and called else []
+            fused = [ln for ln in body if " convolution(" in ln]
+            if fused:
+                op, labels = "convolution", re.search(r"dim_labels=([^,\s]+)", fused[0])
+            out[m.group(1)] = {"op": op, "in_loop": comp in inside, "fused": bool(fused),
+                               "in_fusion": comp in fusion_bodies, "labels": labels.group(1) if labels else None}
     return out
 
 
@@ -219,7 +227,7 @@ def convolutions(hlo: str) -> dict[str, int]:
     """Convolutions of an HLO module counted by place (top level / in a loop) and layout."""
     count: dict[str, int] = {}
     for ins in instructions(hlo).values():
-        if ins["op"] == "convolution":
+        if ins["op"] == "convolution" and not ins["in_fusion"]:
             key = f"{'in a loop' if ins['in_loop'] else 'top level'}, {'NHWC/HWIO' if ins['labels'] == NHWC_LABELS else 'other layout'}"
             count[key] = count.get(key, 0) + 1
     return count
