@@ -11,6 +11,7 @@ from flax import nnx
 
 from fastjax import digits, resnet_eqx, resnet_nnx
 from fastjax.resnet_nnx import ResNetConfig
+from fastjax.rungs import resnet as R
 from fastjax.timing import count_traces
 
 CONFIGS = [ResNetConfig(width=8, stages=2, blocks=1), ResNetConfig(width=4, stages=3, blocks=2)]
@@ -89,7 +90,7 @@ def test_accuracy_rejects_bad_images_and_labels():
 
 def test_jitted_loss_is_traced_once():
     model = resnet_nnx.make_model(CONFIGS[0])
-    counter = count_traces(resnet_nnx.loss_fn)
+    counter = count_traces(R.loss_fn)
     loss = nnx.jit(counter)
     sp = digits.split()
     xs, ys = digits.stack_batches(sp.train_images, sp.train_labels, 16, 3, seed=0)

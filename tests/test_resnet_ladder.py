@@ -5,8 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import jax
+import jax.numpy as jnp
+
+from fastjax import bench_resnet as B
 from fastjax import resnet_ladder as L
 from fastjax import timing
+from fastjax.rungs import resnet as R
 from fastjax.resnet_nnx import ResNetConfig
 from fastjax.timing import Timing
 
@@ -33,8 +38,11 @@ def test_every_rung_follows_the_same_trajectory(name, batches, reference):
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
     weights = rung.weights()
     assert weights.keys() == ref_weights.keys()
+    # Equinox runs another program: Adam can turn rounding-level gradient differences into a fraction
+    # of one step (about the learning rate) where gradients are near zero; allow a tenth of a step
+    atol = 0.1 * R.LEARNING_RATE if name in L.EQX_RUNGS else 1e-5
     for k in weights:
-        np.testing.assert_allclose(weights[k], ref_weights[k], rtol=1e-4, atol=1e-5, err_msg=k)
+        np.testing.assert_allclose(weights[k], ref_weights[k], rtol=1e-4, atol=atol, err_msg=k)
     calls = N_STEPS // rung.steps_per_call
     assert rung.traces.count == (calls if name == "no-jit" else 1)
 
@@ -52,15 +60,64 @@ def test_unknown_rung_is_rejected():
 
 
 def test_interleaved_timing_returns_one_timing_per_callable():
-    out = timing.time_interleaved({"a": lambda: 1, "b": L.dispatch_floor()}, repeats=3, per={"a": 2})
+    out = timing.time_interleaved({"a": lambda: 1, "b": B.dispatch_floor()}, repeats=3, per={"a": 2})
     assert set(out) == {"a", "b"} and all(isinstance(t, Timing) for t in out.values())
     assert len(out["a"].seconds) == 3 and out["a"].per == 2
 
 
 def test_measure_ladder_shape(monkeypatch):
-    monkeypatch.setattr(L, "settings", lambda: type("S", (), dict(
+    monkeypatch.setattr(B, "settings", lambda: type("S", (), dict(
         config=CONFIG, batch=BATCH, steps=N_STEPS, repeats=1, size="quick"))())
-    out = L.measure_ladder(names=("nnx.jit", "split/merge"), repeats=1)
+    out = B.measure_ladder(names=("nnx.jit", "split/merge"), repeats=1)
     assert set(out) == {"rungs", "floor", "dispatch_floor", "extra"}
     assert [t.name for t in out["rungs"]] == ["nnx.jit", "split/merge"]
     assert out["extra"]["traces"] == {"nnx.jit": 1, "split/merge": 1, "floor": 1}
+
+
+def _scan_of_conv(dims):
+    x = jnp.ones((2, 4, 4, 3)) if dims[0] == "NHWC" else jnp.ones((2, 3, 4, 4))
+    w = jnp.ones((3, 3, 3, 3))
+
+    def body(c, _):
+        return jax.lax.conv_general_dilated(c, w, (1, 1), "SAME", dimension_numbers=dims), None
+
+    return jax.jit(lambda c: jax.lax.scan(body, c, None, length=3)[0]).lower(x).compile().as_text()
+
+
+def test_convolutions_are_counted_by_place_and_layout():
+    assert B.convolutions(_scan_of_conv(("NHWC", "HWIO", "NHWC"))) == {"in a loop, NHWC/HWIO": 1}
+    assert B.convolutions(_scan_of_conv(("NCHW", "OIHW", "NCHW"))) == {"in a loop, other layout": 1}
+    top = jax.jit(lambda c: c * 2).lower(jnp.ones(3)).compile().as_text()
+    assert B.convolutions(top) == {}
+
+
+def test_trace_ops_sums_the_ops_of_one_program(tmp_path):
+    f = jax.jit(lambda c: jax.lax.scan(lambda c, _: (jnp.sin(c) @ c, None), c, None, length=4)[0])
+    x = jnp.ones((32, 32))
+    compiled = f.lower(x).compile()
+    compiled(x).block_until_ready()
+    with jax.profiler.trace(str(tmp_path)):
+        compiled(x).block_until_ready()
+    trace = next(tmp_path.rglob("*.trace.json.gz"))
+    rows = B.trace_ops(trace, compiled.as_text())
+    assert rows and all(r["calls"] >= 1 and r["total ms"] >= 0 for r in rows)
+    assert any(r["in_loop"] for r in rows)
+    assert [r["total ms"] for r in rows] == sorted((r["total ms"] for r in rows), reverse=True)
+
+
+class _Counted:
+    unflattens = 0
+
+    def __init__(self, x):
+        self.x = x
+
+
+jax.tree_util.register_pytree_node(
+    _Counted, lambda c: ((c.x,), None),
+    lambda _, children: (setattr(_Counted, "unflattens", _Counted.unflattens + 1), _Counted(*children))[1])
+
+
+def test_round_trips_returns_nothing_and_runs_n_times():
+    _Counted.unflattens = 0
+    assert B.round_trips(_Counted(jnp.ones(2)), 5)() is None
+    assert _Counted.unflattens == 5

@@ -28,7 +28,7 @@ def _ladder(part: str) -> dict[str, Any]:
     if part == "pln":
         from fastjax import bench_pln as ladder
     elif part == "resnet":
-        from fastjax import resnet_ladder as ladder
+        from fastjax import bench_resnet as ladder
     else:
         raise ValueError(f"part must be one of {PARTS}; got {part!r}")
     t0 = time.perf_counter()

@@ -1,7 +1,9 @@
-"""The Equinox twin of :mod:`fastjax.resnet_nnx`: the same network, with Equinox's stateful BatchNorm.
+"""Tools around the Equinox twin of :mod:`fastjax.resnet_nnx`: build, load NNX weights, read, predict.
 
-Equinox layers act on one example, channels first ``(C, H, W)``; the batch comes from
-``jax.vmap(..., axis_name="batch")``, over which BatchNorm averages. Its running statistics live
+The network itself (``EqxResNet``, ``eqx_forward``, ``eqx_loss_fn``) is written in chapter
+``resnet/00-network`` and exported to :mod:`fastjax.rungs.resnet`; it is re-exported here as
+``ResNet``, ``forward`` and ``loss_fn``. Equinox layers act on one example, channels first
+``(C, H, W)``; the batch comes from ``jax.vmap(..., axis_name="batch")``, over which BatchNorm averages. Its running statistics live
 in an ``eqx.nn.State`` next to the model. ``mode="batch"`` normalises with the batch statistics
 in training, as NNX does, and keeps the same running averages (zeros and ones to start,
 momentum ``BN_MOMENTUM``); in inference it divides them by ``1 - momentumᵗ`` after ``t`` updates, where NNX
@@ -18,92 +20,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastjax import checks
-from fastjax.digits import N_CLASSES, check_batch
-from fastjax.resnet_nnx import BN_MOMENTUM, ResNetConfig, cross_entropy
+from fastjax.digits import check_batch
+from fastjax.resnet_nnx import ResNetConfig
+from fastjax.rungs.resnet import EqxResNet as ResNet
+from fastjax.rungs.resnet import eqx_forward as forward
+from fastjax.rungs.resnet import eqx_loss_fn as loss_fn
 
-AXIS = "batch"
-
-
-def _conv(c_in: int, c_out: int, k: int, stride: int, key: jax.Array) -> eqx.nn.Conv2d:
-    return eqx.nn.Conv2d(c_in, c_out, k, stride=stride, padding=(k - 1) // 2, use_bias=False, key=key)
-
-
-def _bn(c: int) -> eqx.nn.BatchNorm:
-    return eqx.nn.BatchNorm(c, axis_name=AXIS, momentum=BN_MOMENTUM, mode="batch")
-
-
-class Block(eqx.Module):
-    """Basic residual block, as in the NNX network (1×1 projection when shapes change)."""
-
-    conv1: eqx.nn.Conv2d
-    bn1: eqx.nn.BatchNorm
-    conv2: eqx.nn.Conv2d
-    bn2: eqx.nn.BatchNorm
-    proj: eqx.nn.Conv2d | None
-    proj_bn: eqx.nn.BatchNorm | None
-
-    def __init__(self, c_in: int, c_out: int, stride: int, key: jax.Array):
-        k1, k2, k3 = jax.random.split(key, 3)
-        self.conv1, self.bn1 = _conv(c_in, c_out, 3, stride, k1), _bn(c_out)
-        self.conv2, self.bn2 = _conv(c_out, c_out, 3, 1, k2), _bn(c_out)
-        if stride != 1 or c_in != c_out:
-            self.proj, self.proj_bn = _conv(c_in, c_out, 1, stride, k3), _bn(c_out)
-        else:
-            self.proj = self.proj_bn = None
-
-    def __call__(self, x: jax.Array, state: eqx.nn.State) -> tuple[jax.Array, eqx.nn.State]:
-        y, state = self.bn1(self.conv1(x), state)
-        y, state = self.bn2(self.conv2(jax.nn.relu(y)), state)
-        if self.proj is None:
-            short = x
-        else:
-            short, state = self.proj_bn(self.proj(x), state)
-        return jax.nn.relu(y + short), state
-
-
-class ResNet(eqx.Module):
-    """One example ``(1, 8, 8)`` and the BatchNorm state in, ``(logits (10,), state)`` out."""
-
-    stem: eqx.nn.Conv2d
-    stem_bn: eqx.nn.BatchNorm
-    blocks: list[Block]
-    head: eqx.nn.Linear
-
-    def __init__(self, config: ResNetConfig, key: jax.Array):
-        keys = iter(jax.random.split(key, 2 + config.stages * config.blocks))
-        self.stem, self.stem_bn = _conv(1, config.width, 3, 1, next(keys)), _bn(config.width)
-        blocks, c_in = [], config.width
-        for s, c_out in enumerate(config.stage_widths()):
-            for b in range(config.blocks):
-                blocks.append(Block(c_in, c_out, 2 if (s > 0 and b == 0) else 1, next(keys)))
-                c_in = c_out
-        self.blocks = blocks
-        self.head = eqx.nn.Linear(c_in, N_CLASSES, key=next(keys))
-
-    def __call__(self, x: jax.Array, state: eqx.nn.State) -> tuple[jax.Array, eqx.nn.State]:
-        x, state = self.stem_bn(self.stem(x), state)
-        x = jax.nn.relu(x)
-        for block in self.blocks:
-            x, state = block(x, state)
-        return self.head(x.mean(axis=(1, 2))), state
+__all__ = ["ResNet", "accuracy", "forward", "from_nnx", "from_weights", "loss_fn", "make_model", "predict", "weights"]
 
 
 def make_model(config: ResNetConfig, seed: int = 0) -> tuple[ResNet, eqx.nn.State]:
     """A freshly initialised network and its BatchNorm state (``eqx.nn.make_with_state``)."""
     return eqx.nn.make_with_state(ResNet)(config, jax.random.key(seed))
-
-
-def forward(model: ResNet, state: eqx.nn.State, images: jax.Array) -> tuple[jax.Array, eqx.nn.State]:
-    """Logits ``(batch, 10)`` of NHWC images and the updated state (batch axis named ``"batch"``)."""
-    chw = jnp.transpose(images, (0, 3, 1, 2))
-    return jax.vmap(model, axis_name=AXIS, in_axes=(0, None), out_axes=(0, None))(chw, state)
-
-
-def loss_fn(model: ResNet, state: eqx.nn.State, images: jax.Array,
-            labels: jax.Array) -> tuple[jax.Array, eqx.nn.State]:
-    """Mean cross-entropy (nats per example) and the updated BatchNorm state."""
-    logits, state = forward(model, state, images)
-    return cross_entropy(logits, labels), state
 
 
 def predict(model: ResNet, state: eqx.nn.State, images: Any, batch_size: int = 512) -> np.ndarray:

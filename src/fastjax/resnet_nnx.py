@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 
 from fastjax import checks
@@ -113,16 +112,6 @@ def make_model(config: ResNetConfig, seed: int = 0) -> ResNet:
     model = nnx.merge(graphdef, state)
     init_weights(model, seed)
     return model
-
-
-def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Mean softmax cross-entropy (nats per example) of integer labels."""
-    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-
-
-def loss_fn(model: ResNet, images: jax.Array, labels: jax.Array) -> jax.Array:
-    """Mean cross-entropy of the model on a batch (updates BatchNorm statistics in train mode)."""
-    return cross_entropy(model(images), labels)
 
 
 def predict(model: ResNet, images, batch_size: int = 512) -> np.ndarray:

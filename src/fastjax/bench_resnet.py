@@ -1,0 +1,249 @@
+"""Measuring the Part II ladder: per-step times against the floor, the async-dispatch sweep, and
+flatten round trips. The rungs themselves come from :mod:`fastjax.resnet_ladder` (which binds the
+code exported from the chapters); nothing here is a lesson, only measurement.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from fastjax import resnet_eqx, resnet_nnx, sizes
+from fastjax.resnet_ladder import SCAN_K, Rung, build, settings, training_batches
+from fastjax.resnet_nnx import ResNetConfig
+from fastjax.rungs import resnet as R
+from fastjax.timing import Timing, block, time_interleaved, time_per_call
+
+LADDER = ("no-jit", "nnx.jit", "eqx.filter_jit", "split/merge", "nnx.cached_partial", "nnx.jit(graph=False)",
+          "nnx.jit_partial", "eqx flatten trick", "scan K=10", "scan K=10 unroll", "NamedTuple",
+          "eqx pytree + jax.jit")
+
+
+def dispatch_floor() -> Callable[[], jax.Array]:
+    """The cheapest jitted call: the identity on a scalar already on the device."""
+    ident, x = jax.jit(lambda a: a), jnp.zeros(())
+    return lambda: ident(x)
+
+
+def measure_ladder(names: tuple[str, ...] | None = None, repeats: int | None = None) -> dict[str, Any]:
+    """Seconds per train step of every rung, side by side in one run (round robin), with the
+    floor and the dispatch floor, in the sizes in force. Steps are dispatched back to back
+    (waiting on the last one): a training loop's view.
+    Returns ``{"rungs": [Timing], "floor": Timing, "dispatch_floor": Timing, "extra": {...}}``."""
+    s = settings()
+    names = names or LADDER
+    repeats = repeats or s.repeats
+    xs, ys = (jnp.asarray(a) for a in training_batches(SCAN_K, s.batch))
+    rungs = {name: build(name, s.config) for name in (*names, "floor")}
+    fns, per = {}, {}
+    for name, rung in rungs.items():
+        args = (xs, ys) if rung.steps_per_call > 1 else (xs[0], ys[0])
+        fns[name] = (lambda r=rung, a=args: r.run(*a))
+        per[name] = rung.steps_per_call
+    fns["dispatch floor"] = dispatch_floor()
+    slow = {n: fns.pop(n) for n in list(fns) if n == "no-jit"}
+    timings = time_interleaved(fns, repeats, per)
+    if slow:  # eager steps take 10⁴× longer: timed apart, with fewer repeats
+        timings["no-jit"] = time_per_call(slow["no-jit"], name="no-jit", repeats=3, number=1, sync="last")
+    extra = {"config": vars(s.config).copy(), "batch": s.batch, "scan_k": SCAN_K, "size": s.size,
+             "traces": {n: r.traces.count for n, r in rungs.items() if r.traces is not None},
+             "floor_leaves": rungs["floor"].extra["leaves"]}
+    return {"rungs": [timings[n] for n in names], "floor": timings["floor"],
+            "dispatch_floor": timings["dispatch floor"], "extra": extra}
+def sweep_settings() -> Any:
+    """Widths, rungs, steps per timed run and repeats of the async-dispatch sweep, in the sizes in force
+    (the quick size sweeps three rungs only: each rung and width is one more compilation)."""
+    return sizes.choose(
+        quick=dict(widths=(4, 16), names=("nnx.jit", "eqx.filter_jit", "floor"), steps=20, repeats=3),
+        full=dict(widths=(4, 8, 16, 32, 64, 128), names=("nnx.jit", "split/merge", "eqx.filter_jit",
+                                                          "eqx flatten trick", "floor"), steps=30, repeats=5))
+
+
+def return_and_result(run: Callable[[], Any], repeats: int) -> tuple[float, float]:
+    """Median seconds until one call returns, and until its result is ready."""
+    back, ready = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = run()
+        t1 = time.perf_counter()
+        block(out)
+        back.append(t1 - t0)
+        ready.append(time.perf_counter() - t0)
+    return float(np.median(back)), float(np.median(ready))
+
+
+def below(widths: list[int], overhead: list[float], limit: float = 0.05) -> int | None:
+    """The smallest width from which every overhead (fraction of the floor) stays under ``limit``."""
+    for i, w in enumerate(widths):
+        if all(o < limit for o in overhead[i:]):
+            return w
+    return None
+
+
+def measure_sweep(widths: tuple[int, ...] | None = None, n_steps: int | None = None,
+                  names: tuple[str, ...] | None = None, repeats: int | None = None) -> dict[str, Any]:
+    """Total seconds of ``n_steps`` steps dispatched back to back (waiting on the last), for each
+    rung and network width; the overhead over the floor; the width past which it stays under 5 %;
+    and, per rung and width, the seconds until one call returns and until its result is ready."""
+    s, sw = settings(), sweep_settings()
+    widths, n_steps, repeats = widths or sw.widths, n_steps or sw.steps, repeats or sw.repeats
+    names = names or sw.names
+    x, y = (jnp.asarray(a[0]) for a in training_batches(1, s.batch))
+    totals: dict[str, list[float]] = {n: [] for n in names}
+    returns: dict[str, list[float]] = {n: [] for n in names}
+    results: dict[str, list[float]] = {n: [] for n in names}
+    for w in widths:
+        config = ResNetConfig(width=w, stages=s.config.stages, blocks=s.config.blocks)
+        rungs = {n: build(n, config) for n in names}
+
+        def many(r: Rung) -> Callable[[], Any]:
+            def go():
+                out = None
+                for _ in range(n_steps):
+                    out = r.run(x, y)
+                return out
+            return go
+
+        t = time_interleaved({n: many(r) for n, r in rungs.items()}, repeats, min_repeat_seconds=0.0)
+        for n, r in rungs.items():
+            totals[n].append(t[n].median)
+            back, ready = return_and_result(lambda r=r: r.run(x, y), repeats=max(5, repeats))
+            returns[n].append(back)
+            results[n].append(ready)
+    overhead = {n: [a / f - 1 for a, f in zip(totals[n], totals["floor"])] for n in names if n != "floor"}
+    return {"widths": list(widths), "steps": n_steps, "batch": s.batch, "seconds": totals,
+            "overhead": overhead, "below_5pct": {n: below(list(widths), o) for n, o in overhead.items()},
+            "return_seconds": returns, "result_seconds": results}
+
+
+def round_trips(tree: Any, n: int) -> Callable[[], None]:
+    """``n`` flatten+unflatten round trips of ``tree`` in one Python loop, returning nothing: timed
+    as one call, the harness adds no per-trip work (no flatten of a result, no wait per leaf)."""
+    def go() -> None:
+        for _ in range(n):
+            leaves, treedef = jax.tree.flatten(tree)
+            jax.tree.unflatten(treedef, leaves)
+    return go
+
+
+def measure_flatten(config: ResNetConfig | None = None, n: int | None = None) -> list[Timing]:
+    """Seconds per flatten+unflatten round trip of (model, optimizer state), timed as batches of
+    ``n`` round trips: Equinox objects as they are; with ``optax.flatten`` (Adam state as one
+    vector each); a flat list of the same arrays; NNX (model, optimizer) as pytrees, and split/merge."""
+    config = config or settings().config
+    n = n or sizes.pick(200, 2_000)
+    twin, state = resnet_eqx.from_nnx(resnet_nnx.make_model(config))
+    params = eqx.filter(twin, eqx.is_array)
+    as_is = (twin, state, R.TX.init(params))
+    with_optax_flatten = (twin, state, optax.flatten(R.TX).init(params))
+    leaves = jax.tree.leaves(as_is)
+    model = resnet_nnx.make_model(config)
+    opt = nnx.Optimizer(model, R.TX, wrt=nnx.Param)
+    graphdef, nstate = nnx.split((model, opt))
+
+    def split_merge() -> None:
+        for _ in range(n):
+            nnx.merge(graphdef, nnx.split((model, opt))[1])
+
+    cases = {
+        f"eqx (model, Adam) as is: {len(leaves)} leaves": round_trips(as_is, n),
+        f"eqx model, optax.flatten(Adam): {len(jax.tree.leaves(with_optax_flatten))} leaves":
+            round_trips(with_optax_flatten, n),
+        f"flat list: {len(leaves)} arrays": round_trips(leaves, n),
+        f"nnx (model, optimizer) as pytrees: {len(jax.tree.leaves((model, opt)))} leaves": round_trips((model, opt), n),
+        f"nnx.split + nnx.merge: {len(jax.tree.leaves(nstate))} arrays": split_merge,
+    }
+    t = time_interleaved(cases, repeats=3, per={c: n for c in cases}, min_repeat_seconds=0.0)
+    return list(t.values())
+
+
+NHWC_LABELS = "b01f_01io->b01f"  # NHWC input, HWIO kernel, NHWC output: the layout XLA:CPU hands to Eigen
+
+
+def _computations(hlo: str) -> dict[str, list[str]]:
+    """The instruction lines of each computation of an HLO module's text, by name ('ENTRY' too)."""
+    comps: dict[str, list[str]] = {}
+    cur = None
+    for line in hlo.splitlines():
+        m = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
+        if m:
+            cur = m.group(1)
+            comps[cur] = []
+        elif line.strip() == "}":
+            cur = None
+        elif cur:
+            comps[cur].append(line)
+    return comps
+
+
+def loop_computations(hlo: str) -> set[str]:
+    """Names of the computations that run inside a ``while`` loop (bodies and what they call)."""
+    comps = _computations(hlo)
+    calls = {c: set(re.findall(r"(?:calls|body|condition|to_apply)=%?([\w.\-]+)", "\n".join(ls)))
+             for c, ls in comps.items()}
+    inside, todo = set(), re.findall(r"body=%?([\w.\-]+)", hlo)
+    while todo:
+        c = todo.pop()
+        if c not in inside:
+            inside.add(c)
+            todo += list(calls.get(c, ()))
+    return inside
+
+
+def instructions(hlo: str) -> dict[str, dict[str, Any]]:
+    """Each instruction of an optimised HLO module: its opcode, whether it runs inside a loop, and
+    for convolutions their ``dim_labels`` (layout). A fusion wrapping one convolution (newer
+    XLA:CPU names them ``wrapped_convolution``) counts as that convolution, with ``fused`` set."""
+    comps, inside, out = _computations(hlo), loop_computations(hlo), {}
+    fusion_bodies = set(re.findall(r" fusion\(.*?calls=%?([\w.\-]+)", hlo))
+    for comp, lines in comps.items():
+        for line in lines:
+            m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = .*? ([\w\-]+)\(", line)
+            if not m:
+                continue
+            op, labels = m.group(2), re.search(r"dim_labels=([^,\s]+)", line)
+            called = re.search(r"calls=%?([\w.\-]+)", line)
+            body = comps.get(called.group(1), []) if op == "fusion" and called else []
+            fused = [ln for ln in body if " convolution(" in ln]
+            if fused:
+                op, labels = "convolution", re.search(r"dim_labels=([^,\s]+)", fused[0])
+            out[m.group(1)] = {"op": op, "in_loop": comp in inside, "fused": bool(fused),
+                               "in_fusion": comp in fusion_bodies, "labels": labels.group(1) if labels else None}
+    return out
+
+
+def convolutions(hlo: str) -> dict[str, int]:
+    """Convolutions of an HLO module counted by place (top level / in a loop) and layout."""
+    count: dict[str, int] = {}
+    for ins in instructions(hlo).values():
+        if ins["op"] == "convolution" and not ins["in_fusion"]:
+            key = f"{'in a loop' if ins['in_loop'] else 'top level'}, {'NHWC/HWIO' if ins['labels'] == NHWC_LABELS else 'other layout'}"
+            count[key] = count.get(key, 0) + 1
+    return count
+
+
+def trace_ops(trace_file: str | Path, hlo: str) -> list[dict[str, Any]]:
+    """Total time of each HLO op of one program in a ``jax.profiler`` trace (``*.trace.json.gz``),
+    slowest first: name, opcode, layout, inside a loop or not, calls, total ms."""
+    events = json.loads(gzip.open(trace_file).read())["traceEvents"]
+    known = instructions(hlo)
+    rows: dict[str, dict[str, Any]] = {}
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") != "X" or name not in known or known[name]["op"] == "while":
+            continue
+        row = rows.setdefault(name, {"op name": name, **known[name], "calls": 0, "total ms": 0.0})
+        row["calls"] += 1
+        row["total ms"] += e["dur"] / 1e3
+    return sorted(rows.values(), key=lambda r: -r["total ms"])
