@@ -25,3 +25,14 @@ def toc_files() -> list[str]:
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture(scope="session")
+def pyplnmodels_fit():
+    """The unit tests' one pyPLNmodels fit: oaks, its defaults (float32, 400 iterations at most), as
+    ``fastjax.bench_pln.fit_pyplnmodels`` returns it: (model, seconds, ELBO per iteration, cumulative
+    seconds). Tests that use it carry ``xdist_group("pyplnmodels")``, so that one worker fits once."""
+    pytest.importorskip("torch", reason="pyPLNmodels needs torch, which the newest leg does not install")
+    from fastjax import bench_pln, pln
+
+    return bench_pln.fit_pyplnmodels(pln.load_oaks_counts())

@@ -4,12 +4,13 @@ A new virtual environment gets what Colab ships (jax, jaxlib, flax, optax, numpy
 ipykernel plus nbclient to run a notebook). A chapter is turned into the notebook Colab opens
 (``fastjax.colab.colab_notebook``: the install cell first) and executed there with
 ``FASTJAX_FORCE_INSTALL=1``, so that its first cell installs the rest (this book's package with its
-examples extra: Equinox, pyPLNmodels, torch, scikit-learn) from a copy of this checkout. Two bases:
+examples extra: Equinox, pyPLNmodels, torch, scikit-learn) from a copy of this checkout. One
+environment serves both cases a reader meets, in turn (one install of torch, not two):
 
-- **current**: Colab's JAX at this environment's versions. The chapter must run top to bottom and
-  jax/jaxlib must be the versions the venv started with (the cell never downgrades them);
-- **too old**: a JAX older than ``fastjax.colab.JAX_MIN``. The cell must upgrade it, say so, and end
-  in a working kernel.
+- **too old**: the environment starts with a JAX older than ``fastjax.colab.JAX_MIN``. The landing
+  page's install cell must upgrade it, say so, and end in a working kernel;
+- **current**: then Colab's JAX is recent enough. A PLN chapter (pyPLNmodels, torch, the fit) must
+  run top to bottom, and its install cell must keep jax/jaxlib as they were (it never downgrades them).
 """
 
 from __future__ import annotations
@@ -100,59 +101,65 @@ def release(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in version.split(".")[:3] if x.isdigit())
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("base,chapter", [("current", "chapters/pln/00-model"), ("too-old", "chapters/index")])
-def test_colab_notebook_runs_in_a_colab_like_environment(tmp_path, base, chapter):
+def run_notebook(chapter: str, python: Path, tmp_path: Path, env: dict[str, str], source: Path):
+    """Run the chapter as Colab gets it in the test's kernel; return what its install cell printed."""
     nb = colab_notebook(ROOT / f"{chapter}.md")
     assert "FASTJAX_FORCE_INSTALL" in nb.cells[0].source, "the Colab notebook must start with the install cell"
+    name = chapter.replace("/", "_")
+    notebook, executed = tmp_path / f"{name}.ipynb", tmp_path / f"{name}.executed.ipynb"
+    nbformat.write(nb, notebook)
+    workdir = source / Path(chapter).parent
+    result = subprocess.run([str(python), "-c", DRIVER, str(notebook), str(executed), KERNEL, str(workdir)],
+                            capture_output=True, text=True, env=env, timeout=480)
+    assert result.returncode == 0, f"{chapter} failed in the Colab-like environment:\n{result.stderr[-6000:]}"
+    ran = nbformat.read(executed, as_version=4)
+    code = [c for c in ran.cells if c.cell_type == "code"]
+    assert all(c.execution_count is not None for c in code), f"{chapter}: not every cell ran"
+    assert not any(o.get("output_type") == "error" for c in code for o in c.outputs
+                   if "raises-exception" not in c.metadata.get("tags", [])), f"{chapter}: a cell raised"
+    return "".join(o.get("text", "") for o in code[0].outputs)
 
-    # 1. Colab's base (at this environment's versions, or with a JAX that is too old), and nothing else.
+
+@pytest.mark.timeout(900)
+def test_colab_notebooks_run_in_a_colab_like_environment(tmp_path):
+    # 1. Colab's base with a JAX that is too old for the book, and nothing else.
     venv = tmp_path / "colab"
     base_python = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base_python, "-m", "venv", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     constraints = constraints_file(tmp_path / "constraints.txt")
     env = clean_env(PIP_CONSTRAINT=str(constraints), PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    pins = [f"{p}=={OLD_BASE.get(p, here(p)) if base == 'too-old' else here(p)}" for p in COLAB_BASE]
+    pins = [f"{p}=={OLD_BASE.get(p, here(p))}" for p in COLAB_BASE]
     subprocess.run([str(python), "-m", "pip", "install", "-q", *pins, *RUNNER], check=True, env=env, timeout=300)
-    before = versions(python, COLAB_BASE + INSTALLED_BY_THE_CELL)
-    assert all(before[p] is None for p in INSTALLED_BY_THE_CELL), before
+    old = versions(python, COLAB_BASE + INSTALLED_BY_THE_CELL)
+    assert all(old[p] is None for p in INSTALLED_BY_THE_CELL), old
+    assert release(old["jax"]) < release(JAX_MIN), old
 
     # 2. A kernel of that environment, known only to this test.
     jupyter_dir = tmp_path / "jupyter"
     subprocess.run([str(python), "-m", "ipykernel", "install", "--prefix", str(jupyter_dir), "--name", KERNEL],
                    check=True, env=env, capture_output=True, timeout=60)
 
-    # 3. The notebook as Colab gets it, run in that kernel; its first cell installs from a copy of this
-    #    checkout (a copy, so that pip's build leaves nothing behind in the working tree).
+    # 3. The install cells install from a copy of this checkout (a copy, so that pip's build leaves
+    #    nothing behind in the working tree).
     source = tmp_path / "checkout"
     shutil.copytree(ROOT, source, ignore=CLEAN_COPY_IGNORE)
-    notebook = tmp_path / "chapter.ipynb"
-    executed = tmp_path / "executed.ipynb"
-    nbformat.write(nb, notebook)
     run_env = clean_env(PIP_CONSTRAINT=str(constraints), PATH=env["PATH"],
                         JUPYTER_PATH=str(jupyter_dir / "share" / "jupyter"),
                         FASTJAX_FORCE_INSTALL="1", FASTJAX_SOURCE=source.as_uri(),
                         FASTJAX_SIZE="quick", FASTJAX_MEASUREMENTS=str(tmp_path / "measurements"))
-    workdir = source / Path(chapter).parent
-    result = subprocess.run([str(python), "-c", DRIVER, str(notebook), str(executed), KERNEL, str(workdir)],
-                            capture_output=True, text=True, env=run_env, timeout=540)
-    assert result.returncode == 0, f"{chapter} failed in the Colab-like environment:\n{result.stderr[-6000:]}"
 
-    # 4. It ran to the end and the cell installed what Colab lacks.
-    ran = nbformat.read(executed, as_version=4)
-    code = [c for c in ran.cells if c.cell_type == "code"]
-    assert all(c.execution_count is not None for c in code), "not every cell ran"
-    assert not any(o.get("output_type") == "error" for c in code for o in c.outputs
-                   if "raises-exception" not in c.metadata.get("tags", [])), "a cell raised"
-    after = versions(python, COLAB_BASE + INSTALLED_BY_THE_CELL)
-    missing = [p for p in INSTALLED_BY_THE_CELL if after[p] is None]
+    # 4. Too old: the landing page's cell upgrades JAX, says so, and installs what Colab lacks.
+    said = run_notebook("chapters/index", python, tmp_path, run_env, source)
+    upgraded = versions(python, COLAB_BASE + INSTALLED_BY_THE_CELL)
+    assert f"This runtime has JAX {old['jax']}" in said and "upgrading JAX" in said, said
+    assert release(upgraded["jax"]) >= release(JAX_MIN) and release(upgraded["jaxlib"]) >= release(JAX_MIN), upgraded
+    missing = [p for p in INSTALLED_BY_THE_CELL if upgraded[p] is None]
     assert missing == [], f"the install cell did not install {missing}"
-    assert after["torch"] == constraints.read_text().split("torch==")[-1].strip(), "pip pulled another torch"
-    said = "".join(o.get("text", "") for o in code[0].outputs)
-    if base == "current":  # Colab's JAX is kept as it was
-        assert {p: after[p] for p in ("jax", "jaxlib")} == {p: before[p] for p in ("jax", "jaxlib")}
-        assert "upgrading JAX" not in said
-    else:  # upgraded to what the book needs, and the reader is told
-        assert release(after["jax"]) >= release(JAX_MIN) and release(after["jaxlib"]) >= release(JAX_MIN), after
-        assert f"This runtime has JAX {before['jax']}" in said and "upgrading JAX" in said, said
+    assert upgraded["torch"] == constraints.read_text().split("torch==")[-1].strip(), "pip pulled another torch"
+
+    # 5. Current: a PLN chapter runs top to bottom, and its cell keeps Colab's JAX as it was.
+    said = run_notebook("chapters/pln/00-model", python, tmp_path, run_env, source)
+    after = versions(python, COLAB_BASE + INSTALLED_BY_THE_CELL)
+    assert "upgrading JAX" not in said, said
+    assert {p: after[p] for p in ("jax", "jaxlib")} == {p: upgraded[p] for p in ("jax", "jaxlib")}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 
 import fastjax  # noqa: F401
 import jax
@@ -17,17 +15,6 @@ from fastjax import pln
 @pytest.fixture(scope="module")
 def oaks() -> pln.PlnData:
     return pln.load_oaks_counts()
-
-
-@pytest.fixture(scope="module")
-def pyplnmodels_fit(oaks):
-    pytest.importorskip("torch", reason="pyPLNmodels needs torch, which the newest leg does not install")
-    from pyPLNmodels import Pln
-
-    model = Pln(oaks.counts, offsets=oaks.offsets)
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        model.fit()
-    return model
 
 
 def small():
@@ -206,7 +193,9 @@ def test_jax_gradient_matches_finite_difference():
 
 # ----------------------------------------------------------------------------- pyPLNmodels
 
+@pytest.mark.xdist_group("pyplnmodels")
 def test_elbo_matches_pyplnmodels(oaks, pyplnmodels_fit):
+    pyplnmodels_fit = pyplnmodels_fit[0]
     m = pyplnmodels_fit._latent_mean.detach().numpy().astype(np.float64)
     s = pyplnmodels_fit._latent_sqrt_variance.detach().numpy().astype(np.float64)
     ours = pln.profiled_elbo(m, s, oaks, np)
@@ -214,7 +203,9 @@ def test_elbo_matches_pyplnmodels(oaks, pyplnmodels_fit):
     assert ours == pytest.approx(pyplnmodels_fit.compute_elbo().item(), rel=1e-5)
 
 
+@pytest.mark.xdist_group("pyplnmodels")
 def test_closed_forms_match_pyplnmodels(oaks, pyplnmodels_fit):
+    pyplnmodels_fit = pyplnmodels_fit[0]
     m = pyplnmodels_fit._latent_mean.detach().numpy().astype(np.float64)
     s = pyplnmodels_fit._latent_sqrt_variance.detach().numpy().astype(np.float64)
     np.testing.assert_allclose(pln.closed_form_coef(oaks.covariates, m, np), pyplnmodels_fit.coef.numpy(),

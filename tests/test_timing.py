@@ -1,5 +1,4 @@
 import json
-import time
 
 import fastjax  # noqa: F401  (CPU workaround before JAX)
 import jax
