@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 export FASTJAX_SIZE="${FASTJAX_SIZE:-quick}"
 # Two pytest workers share the machine's cores: one OpenMP thread each. Torch's default (one per core,
 # in each worker) oversubscribes a 2-core machine, and its threads then wait on each other: a
-# pyPLNmodels fit of oaks took 23 s instead of 1 s (chapters/pln/00-model, two workers, 2 cores).
+# pyPLNmodels fit of oaks beside another chapter took 23 s instead of 3 s (chapters/pln/00-model).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 LEGS="${FASTJAX_LEGS:-pinned newest}"
 started=$SECONDS

@@ -28,6 +28,21 @@ NNX_RUNGS = ("no-jit", "nnx.jit", "split/merge", "nnx.cached_partial", "nnx.jit(
              "nnx.jit_partial", "scan K=10", "scan K=10 unroll", "NamedTuple")
 EQX_RUNGS = ("eqx.filter_jit", "eqx flatten trick", "eqx pytree + jax.jit")
 SCAN_K = 10
+# Two programs that round float32 differently (eager against compiled, NCHW against NHWC, or two
+# separately compiled traces) give gradients that differ at rounding level. Adam divides each gradient
+# by its running scale, so where a gradient is near zero that difference can move a weight by a
+# sizeable fraction of one Adam step (at most about the learning rate). We allow a tenth of one step,
+# absolute. Measured at full size: 2.0e-6 eager against compiled (chapter 1), 1.9e-5 for the Equinox
+# twin against the floor (chapter 3), both after a few steps.
+WEIGHT_ATOL = 0.1 * R.LEARNING_RATE
+
+
+def assert_same_weights(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray], atol: float = WEIGHT_ATOL) -> float:
+    """Assert that two weight dicts (NNX layout) agree within ``atol``, absolute; return the largest difference."""
+    assert ours.keys() == ref.keys(), f"different weights: {sorted(set(ours) ^ set(ref))}"
+    for k in ours:
+        np.testing.assert_allclose(ours[k], ref[k], rtol=0, atol=atol, err_msg=k)
+    return max(float(np.max(np.abs(ours[k] - ref[k]))) for k in ours)
 
 
 def settings() -> Any:
