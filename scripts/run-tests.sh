@@ -41,7 +41,7 @@ python -c "import fastjax.doctor as d; print('pinned leg:', d.versions_line())"
 # Phase 1: two workers; each part's chapters run in order on one worker (xdist groups).
 python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup --durations=12 -m "not site" "$@"
 # Phase 2: the book from phase 1's executed notebooks, the browser, the workflows. The newest leg's
-# environment installs meanwhile (the build leaves a core mostly idle).
+# environment installs meanwhile.
 newest_setup=""
 if [[ " $LEGS " == *" newest "* ]] && FASTJAX_LEG=newest bash scripts/setup-env.sh --find-python >/dev/null; then
   FASTJAX_LEG=newest bash scripts/setup-env.sh > _build/newest-setup.log 2>&1 &
