@@ -141,3 +141,10 @@ def test_assert_same_weights_allows_a_tenth_of_a_step_per_step():
         L.assert_same_weights({"w": np.array([0.0, 2.1 * step, 0.0])}, ref, n_steps=2)
     with pytest.raises(AssertionError, match="different weights"):
         L.assert_same_weights({"v": np.zeros(3)}, ref, n_steps=2)
+
+
+def test_batchnorm_statistics_are_compared_on_their_own_scale():
+    ref = {"bn.mean": np.array([0.0, 10.0]), "bn.bias": np.zeros(2)}
+    L.assert_same_weights({"bn.mean": np.array([0.1, 10.1]), "bn.bias": np.zeros(2)}, ref, n_steps=1)
+    with pytest.raises(AssertionError, match="bn.mean"):
+        L.assert_same_weights({"bn.mean": np.array([0.5, 10.0]), "bn.bias": np.zeros(2)}, ref, n_steps=1)
