@@ -148,3 +148,23 @@ def test_batchnorm_statistics_are_compared_on_their_own_scale():
     L.assert_same_weights({"bn.mean": np.array([0.1, 10.1]), "bn.bias": np.zeros(2)}, ref, n_steps=1)
     with pytest.raises(AssertionError, match="bn.mean"):
         L.assert_same_weights({"bn.mean": np.array([0.5, 10.0]), "bn.bias": np.zeros(2)}, ref, n_steps=1)
+
+
+def test_the_sweep_stops_before_a_width_its_budget_cannot_pay(monkeypatch):
+    """A fake clock: each step of width w costs (w/4)³ hundredths of a second, as the budget predicts."""
+    import time
+
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    def fake_build(name, config):
+        def run(x, y):
+            clock[0] += 0.01 * (config.width / 4) ** 3
+        return B.Rung(name, run, weights=dict)
+
+    monkeypatch.setattr(B, "build", fake_build)
+    out = B.measure_sweep(widths=(4, 8, 16), n_steps=1, names=("nnx.jit", "floor"), repeats=1, budget=2.0)
+    assert out["widths"] == [4, 8] and out["skipped"] == [16]
+    assert len(out["seconds"]["floor"]) == 2 and np.allclose(out["overhead"]["nnx.jit"], 0.0)
+    with pytest.raises(ValueError, match="widths must increase"):
+        B.measure_sweep(widths=(8, 4), n_steps=1, names=("floor",), repeats=1, budget=2.0)

@@ -61,13 +61,25 @@ def measure_ladder(names: tuple[str, ...] | None = None, repeats: int | None = N
              "floor_leaves": rungs["floor"].extra["leaves"]}
     return {"rungs": [timings[n] for n in names], "floor": timings["floor"],
             "dispatch_floor": timings["dispatch floor"], "extra": extra}
+
+
 def sweep_settings() -> Any:
-    """Widths, rungs, steps per timed run and repeats of the async-dispatch sweep, in the sizes in force
-    (the quick size sweeps three rungs only: each rung and width is one more compilation)."""
+    """Widths, rungs, steps per timed run, repeats and time budget of the async-dispatch sweep, in the
+    sizes in force (the quick size sweeps three rungs only: each rung and width is one more compilation).
+
+    A step's compute grows with the square of the width, so the widest networks dominate the sweep. On
+    the 2-core CPU of CI at the full size (batch 96; measured while other work ran, so high), one floor
+    step took 50 ms at width 16, 0.31 s at 32, 1.3 s at 64 and 15 s at 128, and the sweep runs about
+    1,000 steps per width: width 128 alone would take hours and ran past the build's 900 s per cell.
+    ``budget`` (seconds) stops the sweep before a width whose predicted cost (the last width's, times
+    the cube of the width ratio: the step times above grew 4 to 11 times per doubling) would pass it;
+    on a GPU every width fits."""
     return sizes.choose(
-        quick=dict(widths=(4, 16), names=("nnx.jit", "eqx.filter_jit", "floor"), steps=20, repeats=3),
+        quick=dict(widths=(4, 16), names=("nnx.jit", "eqx.filter_jit", "floor"), steps=20, repeats=3,
+                   budget=120.0),
         full=dict(widths=(4, 8, 16, 32, 64, 128), names=("nnx.jit", "split/merge", "eqx.filter_jit",
-                                                          "eqx flatten trick", "floor"), steps=30, repeats=5))
+                                                          "eqx flatten trick", "floor"), steps=30, repeats=5,
+                  budget=480.0))
 
 
 def return_and_result(run: Callable[[], Any], repeats: int) -> tuple[float, float]:
@@ -92,18 +104,31 @@ def below(widths: list[int], overhead: list[float], limit: float = 0.05) -> int 
 
 
 def measure_sweep(widths: tuple[int, ...] | None = None, n_steps: int | None = None,
-                  names: tuple[str, ...] | None = None, repeats: int | None = None) -> dict[str, Any]:
+                  names: tuple[str, ...] | None = None, repeats: int | None = None,
+                  budget: float | None = None) -> dict[str, Any]:
     """Total seconds of ``n_steps`` steps dispatched back to back (waiting on the last), for each
     rung and network width; the overhead over the floor; the width past which it stays under 5 %;
-    and, per rung and width, the seconds until one call returns and until its result is ready."""
+    and, per rung and width, the seconds until one call returns and until its result is ready.
+    Widths are swept in increasing order until the next one's predicted cost would pass ``budget``
+    seconds (see ``sweep_settings``); ``"skipped"`` lists the widths left out."""
     s, sw = settings(), sweep_settings()
     widths, n_steps, repeats = widths or sw.widths, n_steps or sw.steps, repeats or sw.repeats
-    names = names or sw.names
+    names, budget = names or sw.names, budget or sw.budget
+    if list(widths) != sorted(widths):
+        raise ValueError(f"widths must increase (the budget predicts each from the last); got {widths}")
     x, y = (jnp.asarray(a[0]) for a in training_batches(1, s.batch))
     totals: dict[str, list[float]] = {n: [] for n in names}
     returns: dict[str, list[float]] = {n: [] for n in names}
     results: dict[str, list[float]] = {n: [] for n in names}
+    done: list[int] = []
+    start, last = time.perf_counter(), None  # last: (width, seconds it took)
     for w in widths:
+        if last is not None:
+            predicted = last[1] * (w / last[0]) ** 3
+            if time.perf_counter() - start + predicted > budget:
+                break
+        began = time.perf_counter()
+        done.append(w)
         config = ResNetConfig(width=w, stages=s.config.stages, blocks=s.config.blocks)
         rungs = {n: build(n, config) for n in names}
 
@@ -121,9 +146,11 @@ def measure_sweep(widths: tuple[int, ...] | None = None, n_steps: int | None = N
             back, ready = return_and_result(lambda r=r: r.run(x, y), repeats=max(5, repeats))
             returns[n].append(back)
             results[n].append(ready)
+        last = (w, time.perf_counter() - began)
     overhead = {n: [a / f - 1 for a, f in zip(totals[n], totals["floor"])] for n in names if n != "floor"}
-    return {"widths": list(widths), "steps": n_steps, "batch": s.batch, "seconds": totals,
-            "overhead": overhead, "below_5pct": {n: below(list(widths), o) for n, o in overhead.items()},
+    return {"widths": done, "skipped": [w for w in widths if w not in done], "budget": budget,
+            "steps": n_steps, "batch": s.batch, "seconds": totals,
+            "overhead": overhead, "below_5pct": {n: below(done, o) for n, o in overhead.items()},
             "return_seconds": returns, "result_seconds": results}
 
 
