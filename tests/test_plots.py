@@ -58,3 +58,29 @@ def test_sweep_one_line_per_series():
         plots.plot_sweep([1, 2, 3], {"a": [1, 2]}, "x", "y")
     with pytest.raises(ValueError, match="at least one"):
         plots.plot_sweep([1], {}, "x", "y")
+
+
+def captions(fig):
+    return " ".join(t.get_text() for t in fig.texts)
+
+
+def test_ladder_caption_warns_about_busy_timings_only():
+    quiet = plots.plot_ladder(ladder(), floor=Timing("floor", [0.5e-3] * 5, load=0.1), caption="stamp")
+    assert captions(quiet) == "stamp" and not any(bar.get_hatch() for bar in quiet.axes[0].patches)
+    rungs = ladder() + [Timing("nnx.jit", [2e-3] * 5, load=1.2)]
+    busy = plots.plot_ladder(rungs, floor=Timing("floor", [0.5e-3] * 5), caption="stamp")
+    text = captions(busy)
+    assert "busy" in text and "nnx.jit: 1.2" in text and "eager" not in text
+    assert text.endswith("stamp")  # the stamp stays
+    assert [bool(bar.get_hatch()) for bar in busy.axes[0].patches] == [False, False, False, True]
+    assert "busy" in captions(plots.plot_ladder(ladder(), dispatch_floor=Timing("empty", [5e-6] * 5, load=0.9)))
+
+
+def test_sweep_takes_timings_and_warns_about_busy_points():
+    fig = plots.plot_sweep([16, 32], {"a": [1.0, 2.0]}, "width", "s", caption="stamp")
+    assert captions(fig) == "stamp"
+    series = {"a": [Timing("x", [1e-3] * 5), Timing("x", [2e-3] * 5, load=1.1)], "b": [3e-3, 4e-3]}
+    fig = plots.plot_sweep([16, 32], series, "width", "s", caption="stamp")
+    assert list(fig.axes[0].get_lines()[0].get_ydata()) == pytest.approx([1e-3, 2e-3])  # medians drawn
+    text = captions(fig)
+    assert "busy" in text and "a at 32" in text and "a at 16" not in text

@@ -1,4 +1,6 @@
 import json
+import os
+import sys
 
 import fastjax  # noqa: F401  (CPU workaround before JAX)
 import jax
@@ -49,10 +51,24 @@ class Pending:
             self.done = True
 
 
+class FakeMachine:
+    """Stand-in CPU counters that follow the fake clock: this process keeps ``own`` cores busy and
+    other processes ``other`` cores, so the load the harness reads should be ``other``."""
+
+    def __init__(self, clock, own=1.0, other=0.0):
+        self.clock, self.own, self.other = clock, own, other
+
+    def __call__(self):
+        t = self.clock.now
+        return 1000.0 + (self.own + self.other) * t, 5.0 + self.own * t
+
+
 @pytest.fixture
 def clock(monkeypatch):
     fake = FakeClock()
     monkeypatch.setattr(timing.time, "perf_counter", fake)
+    monkeypatch.setattr(timing, "_cpu_seconds", FakeMachine(fake))  # a quiet machine unless a test says otherwise
+    monkeypatch.setattr(timing.time, "sleep", fake.work)  # the harness's idle wait for the load window
     return fake
 
 
@@ -170,3 +186,97 @@ def test_format_seconds():
     assert timing.format_seconds(0.0031) == "3.1 ms"
     assert timing.format_seconds(4.2e-6) == "4.2 µs"
     assert timing.format_seconds(3e-9) == "3 ns"
+
+
+@pytest.mark.parametrize("other, flagged", [(0.0, False), (0.3, False), (1.5, True)])
+def test_the_load_of_other_processes_is_read_and_flagged(clock, monkeypatch, other, flagged):
+    monkeypatch.setattr(timing, "_cpu_seconds", FakeMachine(clock, own=2.0, other=other))
+    t = timing.time_per_call(lambda: clock.work(0.01), repeats=7, number=5, warmup=0, name="floor")
+    assert t.load == pytest.approx(other)
+    assert bool(t.noise) == flagged and ("busy" in t.noise) == flagged
+    if flagged:
+        assert "1.5 CPU cores" in t.noise and "busy" in repr(t)
+
+
+def test_interleaved_timings_share_the_load_of_the_run(clock, monkeypatch):
+    monkeypatch.setattr(timing, "_cpu_seconds", FakeMachine(clock, other=1.0))
+    out = timing.time_interleaved({"a": lambda: clock.work(0.02), "b": lambda: clock.work(0.01)}, repeats=5,
+                                  min_repeat_seconds=0.0)
+    assert [t.load for t in out.values()] == pytest.approx([1.0, 1.0]) and all(t.noise for t in out.values())
+
+
+def test_a_short_timing_waits_until_the_load_can_be_read(clock, monkeypatch):
+    monkeypatch.setattr(timing, "_cpu_seconds", FakeMachine(clock, own=0.0, other=0.8))
+    slept = []
+    monkeypatch.setattr(timing.time, "sleep", lambda s: slept.append(s) or clock.work(s))
+    t = timing.time_per_call(lambda: clock.work(0.001), repeats=5, number=1, warmup=0)
+    assert slept == pytest.approx([timing.MIN_LOAD_WINDOW - 0.005])  # 5 ms of repeats: topped up, idle
+    assert t.median == pytest.approx(0.001) and t.load == pytest.approx(0.8)
+    timing.time_per_call(lambda: clock.work(0.1), repeats=5, number=1, warmup=0)
+    assert len(slept) == 1  # a long enough timing does not wait
+
+
+def test_without_cpu_counters_only_the_spread_is_judged(clock, monkeypatch):
+    monkeypatch.setattr(timing, "_cpu_seconds", lambda: None)  # e.g. no psutil and no /proc
+    monkeypatch.setattr(timing.time, "sleep", lambda s: pytest.fail("nothing to wait for"))
+    steady = timing.time_per_call(lambda: clock.work(0.01), repeats=7, number=10, warmup=0)
+    assert steady.load is None and steady.noise == ""
+    jumpy = iter([0.01, 0.03, 0.01, 0.04, 0.01, 0.05, 0.02])
+    noisy = timing.time_per_call(lambda: clock.work(next(jumpy)), repeats=7, number=1, warmup=0)
+    assert noisy.load is None and noisy.noise.startswith("noisy: IQR")
+    assert timing.Timing("three", [1.0, 5.0, 9.0]).noise == ""  # too few repeats to judge a spread
+
+
+def test_real_cpu_counters_move_forward():
+    first = timing._cpu_seconds()
+    sum(i * i for i in range(200_000))  # some CPU time for this process
+    second = timing._cpu_seconds()
+    if first is None:
+        pytest.skip("no psutil and no /proc/stat here")
+    assert second[0] >= first[0] >= 0 and second[1] >= first[1] >= 0
+
+
+def test_proc_stat_is_read_without_psutil(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psutil", None)  # importing it now raises ImportError
+    if not os.path.exists("/proc/stat"):
+        assert timing._cpu_seconds() is None
+        return
+    machine, own = timing._cpu_seconds()
+    assert machine > 0 and own >= 0
+
+
+def test_load_and_verdict_survive_json():
+    t = timing.Timing("floor", [1e-3] * 5, load=1.25)
+    data = json.loads(json.dumps(t.as_dict()))
+    assert data["noise"] == t.noise and "busy" in data["noise"]
+    back = timing.Timing.from_dict(data)
+    assert back == t and back.load == 1.25 and back.noise == t.noise
+    old = {k: v for k, v in t.as_dict().items() if k not in ("load", "noise")}  # saved before the detector
+    assert timing.Timing.from_dict(old).load is None
+
+
+def test_table_says_busy_under_flagged_rows_only():
+    quiet = [timing.Timing("jit", [1e-3] * 5, load=0.0), timing.Timing("floor", [5e-4] * 5, load=0.1)]
+    rows = timing.table(quiet, floor=quiet[1])
+    assert rows.note == "" and "⚠" not in timing.format_table(rows) and "busy" not in timing.format_table(rows)
+    busy = [timing.Timing("eager", [2e-3] * 5, load=1.4), *quiet]
+    md = timing.format_table(timing.table(busy, floor=busy[-1]))
+    note = md.splitlines()[-1]
+    assert note.startswith("⚠") and "busy machine (CPU cores other processes kept busy): eager: 1.4." in note
+    assert "jit" not in note and "floor" not in note and "spread" not in note
+    wide = timing.Timing("jumpy", [1e-3, 1e-3, 3e-3, 5e-3, 5e-3], load=0.0)
+    assert "Repeats spread widely (IQR / median): jumpy: 133%." in timing.noise_note([wide, busy[0]])
+    assert md.count("\n| ") == 3 and md.splitlines()[-2] == ""  # three rows, a blank line, the note
+    assert timing.format_table([{"a": 1.0}]) == "| a |\n|---|\n| 1 |"  # hand-made rows: no note
+
+
+def test_stamp_counts_busy_timings():
+    s = timing.stamp()
+    assert {"timings", "noisy_timings", "max_other_cores"} <= s.keys()
+    s.update(timings=12, noisy_timings=0, max_other_cores=0.1)
+    assert "busy" not in timing.stamp_text(s)
+    s.update(noisy_timings=3, max_other_cores=1.7)
+    assert "⚠ 3 of 12 timings in this run were busy or noisy" in timing.stamp_text(s)
+    assert "1.7 CPU cores" in timing.stamp_text(s)
+    old = {k: v for k, v in s.items() if k not in ("timings", "noisy_timings", "max_other_cores")}
+    assert "⚠" not in timing.stamp_text(old)

@@ -1,5 +1,7 @@
 """Charts for the book: the ladder (per-call times with the floor marked) and sweeps.
 
+A chart drawn from timings that were measured on a busy machine (or spread too widely) says so in
+red under the chart, naming them (``fastjax.timing.noise_note``), and hatches their bars.
 Figures are returned, never saved; ``save_figure`` writes one into the repository's ``images/``
 folder (or ``FASTJAX_IMAGES`` when set), which ``python -m fastjax.bench --figures`` does for the README.
 """
@@ -13,7 +15,7 @@ from typing import Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fastjax.timing import Timing
+from fastjax.timing import Timing, noise_note
 
 _SCALE = {"s": 1.0, "ms": 1e3, "µs": 1e6}
 
@@ -40,6 +42,15 @@ def save_figure(fig: plt.Figure, name: str) -> Path:
     return path
 
 
+def _caption(fig: plt.Figure, caption: str | None, note: str) -> None:
+    """The stamp under the chart, and the noise warning above it when there is one; both in red when
+    something was busy or noisy (the stamp counts the run's flagged timings after a "⚠")."""
+    text = "\n".join(part for part in (note, caption) if part)
+    if text:
+        fig.text(0.01, -0.02, text, fontsize=7, color="#c44e52" if "⚠" in text else "0.35", ha="left",
+                 va="top", wrap=True)
+
+
 def plot_ladder(
     timings: Sequence[Timing],
     floor: Timing | None = None,
@@ -50,7 +61,8 @@ def plot_ladder(
     log: bool | None = None,
 ) -> plt.Figure:
     """Horizontal bars of median time per call (IQR as whiskers), one per rung, top to bottom,
-    with the floor drawn as a dashed line and each bar labelled with its ratio to the floor."""
+    with the floor drawn as a dashed line and each bar labelled with its ratio to the floor.
+    Busy or noisy timings get hatched bars and a red warning above the caption."""
     if not timings:
         raise ValueError("plot_ladder needs at least one timing")
     if unit not in _SCALE:
@@ -61,7 +73,11 @@ def plot_ladder(
     hi = np.array([t.q3 for t in timings]) * k - med
     fig, ax = plt.subplots(figsize=(8, 0.55 * len(timings) + 1.6))
     y = np.arange(len(timings))[::-1]
-    ax.barh(y, med, xerr=[np.clip(lo, 0, None), np.clip(hi, 0, None)], color="#4c72b0", alpha=0.85, capsize=3)
+    bars = ax.barh(y, med, xerr=[np.clip(lo, 0, None), np.clip(hi, 0, None)], color="#4c72b0", alpha=0.85,
+                   capsize=3)
+    for bar, t in zip(bars, timings):
+        if t.noise:
+            bar.set_hatch("//")
     ax.set_yticks(y, [t.name for t in timings])
     if log is None:
         log = med.max() / max(med.min(), 1e-12) > 30
@@ -78,8 +94,7 @@ def plot_ladder(
         ax.legend(loc="lower right", fontsize=8)
     ax.set_xlabel(f"median time per call ({unit}); whiskers: interquartile range")
     ax.set_title(title)
-    if caption:
-        fig.text(0.01, -0.02, caption, fontsize=7, color="0.35", ha="left", va="top", wrap=True)
+    _caption(fig, caption, noise_note([*timings, floor, dispatch_floor]))
     ax.margins(x=0.15)
     fig.tight_layout()
     return fig
@@ -87,7 +102,7 @@ def plot_ladder(
 
 def plot_sweep(
     x: Sequence[float],
-    series: Mapping[str, Sequence[float]],
+    series: Mapping[str, Sequence[float | Timing]],
     xlabel: str,
     ylabel: str,
     title: str = "",
@@ -95,15 +110,18 @@ def plot_sweep(
     logy: bool = True,
     caption: str | None = None,
 ) -> plt.Figure:
-    """Lines of ``series[name][i]`` against ``x[i]``, one per name, with markers."""
+    """Lines of ``series[name][i]`` against ``x[i]``, one per name, with markers. Values may be
+    Timings: their medians are drawn and busy or noisy ones are named in a red warning."""
     if not series:
         raise ValueError("plot_sweep needs at least one series")
     for name, ys in series.items():
         if len(ys) != len(x):
             raise ValueError(f"series {name!r} has {len(ys)} points for {len(x)} x values")
+    named = [Timing(f"{name} at {xi}", y.seconds, load=y.load)
+               for name, ys in series.items() for xi, y in zip(x, ys) if isinstance(y, Timing)]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for name, ys in series.items():
-        ax.plot(x, ys, marker="o", label=name)
+        ax.plot(x, [y.median if isinstance(y, Timing) else y for y in ys], marker="o", label=name)
     if logx:
         ax.set_xscale("log", base=2)
     if logy:
@@ -113,7 +131,6 @@ def plot_sweep(
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    if caption:
-        fig.text(0.01, -0.02, caption, fontsize=7, color="0.35", ha="left", va="top", wrap=True)
+    _caption(fig, caption, noise_note(named))
     fig.tight_layout()
     return fig

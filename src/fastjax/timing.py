@@ -4,6 +4,10 @@ Times are wall-clock seconds from ``time.perf_counter``. Compile time is measure
 (``compile_time``), a trace counter tells how often a function was traced (``count_traces``),
 and every result carries the device and library versions it was measured with (``stamp``).
 The same calls work for eager, jitted and AOT-compiled callables.
+
+A timing taken while other processes use the CPU can be off by an order of magnitude, so the
+harness also records how busy the rest of the machine was while it measured (``Timing.load``) and
+flags a busy or noisy measurement (``Timing.noise``); tables, charts and the stamp then say so.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ def block(tree: Any) -> Any:
 @dataclass
 class Timing:
     """Repeated measurements of one callable. ``seconds`` holds one value per repeat,
-    each the mean over ``number`` calls, divided by ``per`` (units of work per call)."""
+    each the mean over ``number`` calls, divided by ``per`` (units of work per call); ``load``, the
+    CPU cores other processes kept busy meanwhile (see ``noise``)."""
 
     name: str
     seconds: list[float]
@@ -45,6 +50,7 @@ class Timing:
     sync: str = "each"
     compile_seconds: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    load: float | None = None  # CPU cores other processes kept busy meanwhile (None: not measured)
 
     @property
     def median(self) -> float:
@@ -76,10 +82,30 @@ class Timing:
         """Interquartile range relative to the median (0.05 means ±2.5 %)."""
         return (self.q3 - self.q1) / self.median if self.median > 0 else float("nan")
 
+    @property
+    def busy(self) -> bool:
+        """Other processes kept at least ``BUSY_CORES`` CPU cores busy while this was measured."""
+        return self.load is not None and self.load >= BUSY_CORES
+
+    @property
+    def wide(self) -> bool:
+        """Five or more repeats whose interquartile range passes ``NOISY_SPREAD`` of the median."""
+        return len(self.seconds) >= 5 and self.spread > NOISY_SPREAD
+
+    @property
+    def noise(self) -> str:
+        """Why this timing should not be trusted ("" when nothing is wrong with it): ``busy`` or ``wide``."""
+        reasons = []
+        if self.busy:
+            reasons.append(f"busy machine: other processes kept {self.load:.1f} CPU cores busy")
+        if self.wide:
+            reasons.append(f"noisy: IQR {self.spread:.0%} of the median")
+        return "; ".join(reasons)
+
     def as_dict(self) -> dict[str, Any]:
-        """Plain data, with the summary statistics added."""
+        """Plain data, with the summary statistics (and the noise verdict) added."""
         out = asdict(self)
-        out.update(median=self.median, q1=self.q1, q3=self.q3, best=self.best)
+        out.update(median=self.median, q1=self.q1, q3=self.q3, best=self.best, noise=self.noise)
         return out
 
     @classmethod
@@ -89,9 +115,80 @@ class Timing:
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def __repr__(self) -> str:
+        noise = f"; {self.noise}" if self.noise else ""
         return (f"Timing({self.name!r}: median {format_seconds(self.median)}, "
                 f"IQR {format_seconds(self.q1)}–{format_seconds(self.q3)}, "
-                f"{len(self.seconds)} repeats × {self.number} calls)")
+                f"{len(self.seconds)} repeats × {self.number} calls{noise})")
+
+
+# A timing is flagged when other processes kept at least half a CPU core busy, on average, while it
+# ran. Measured on the book's 2-core CPU (jax 0.10.2 and 0.12.0.1): the processes that are always
+# there (kernel threads, daemons) used 0.015 cores over 20 s, while a competing busy process adds
+# about one core: beside one busy loop per core (and other notebooks) the load read 1.2 to 2.0 cores
+# and the floor of chapters/measuring.md (a 400×400 jitted log-sum-exp) ran up to 24× slower than
+# without the loops. Half a core sits far from both: one process that competes for the CPU is
+# flagged, the machine's housekeeping is not.
+BUSY_CORES = 0.5
+# Repeats whose interquartile range passes half the median are flagged too (where the machine's load
+# cannot be read, this is the only evidence). The same floor's IQR was 6 to 51 % of its median (mostly
+# under 30 %) with other notebooks running, and up to 176 % beside busy loops: half the median flags
+# only the wild ones. Fewer than 5 repeats are not judged (3 values give no spread to speak of).
+NOISY_SPREAD = 0.5
+# The load is read over at least this long (a shorter measurement waits out the rest, idle): the
+# counters move in 10 ms ticks, so over 0.2 s the load read can be off by up to 0.15 cores on 2 cores
+# (a tick at each end of the three counters subtracted).
+MIN_LOAD_WINDOW = 0.2
+
+
+def _cpu_seconds() -> tuple[float, float] | None:
+    """(CPU seconds the whole machine has been busy since boot, CPU seconds this process has used),
+    from psutil or Linux's /proc/stat; None where neither can be read."""
+    own = os.times()
+    try:
+        import psutil
+
+        t = psutil.cpu_times()
+        machine = sum(getattr(t, k, 0.0) for k in ("user", "nice", "system", "irq", "softirq", "steal"))
+    except ImportError:
+        try:
+            with open("/proc/stat") as f:  # cpu user nice system idle iowait irq softirq steal ...
+                ticks = [int(v) for v in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+        machine = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    return machine, own.user + own.system
+
+
+class _LoadMeter:
+    """Measures, between ``start()`` and ``stop()``, how many CPU cores other processes kept busy on
+    average: the machine's busy CPU time minus this process's (all its threads), over the wall time.
+    ``stop()`` first sleeps until ``MIN_LOAD_WINDOW`` has passed, so a short timing is judged too."""
+
+    def start(self) -> _LoadMeter:
+        self.cpu, self.t0 = _cpu_seconds(), time.perf_counter()
+        return self
+
+    def stop(self) -> float | None:
+        if self.cpu is None:
+            return None
+        rest = MIN_LOAD_WINDOW - (time.perf_counter() - self.t0)
+        if rest > 0:
+            time.sleep(rest)
+        wall, end = time.perf_counter() - self.t0, _cpu_seconds()
+        if end is None or wall <= 0:
+            return None
+        other = (end[0] - self.cpu[0]) - (end[1] - self.cpu[1])
+        return round(max(other, 0.0) / wall, 3)
+
+
+_session = {"timed": 0, "flagged": 0, "max_load": 0.0}  # every timing taken in this process
+
+
+def _record(timings: Iterable[Timing]) -> None:
+    for t in timings:
+        _session["timed"] += 1
+        _session["flagged"] += bool(t.noise)
+        _session["max_load"] = max(_session["max_load"], t.load or 0.0)
 
 
 def format_seconds(s: float) -> str:
@@ -134,7 +231,7 @@ def time_per_call(
         block(fn(*args, **kwargs))
         one = max(time.perf_counter() - t0, 1e-7)
         number = int(min(max_number, max(1, math.ceil(min_repeat_seconds / one))))
-    results = []
+    results, meter = [], _LoadMeter().start()
     for _ in range(repeats):
         out = None
         t0 = time.perf_counter()
@@ -144,14 +241,17 @@ def time_per_call(
                 block(out)
         block(out)
         results.append((time.perf_counter() - t0) / number / per)
-    return Timing(name=name, seconds=results, number=number, per=per, sync=sync)
+    out = Timing(name=name, seconds=results, number=number, per=per, sync=sync, load=meter.stop())
+    _record([out])
+    return out
 
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, per: dict[str, int] | None = None,
                 sync: str = "last", min_repeat_seconds: float = 0.05) -> dict[str, Timing]:
     """Time several callables side by side: each repeat runs every callable once (round robin),
-    so background load hits them all alike. Warm-up and ``number`` as in ``time_per_call``
-    (``min_repeat_seconds=0`` makes one call per repeat); seconds per call divided by ``per[name]``."""
+    so background load hits them all alike (and each gets the load measured over the whole run).
+    Warm-up and ``number`` as in ``time_per_call`` (``min_repeat_seconds=0`` makes one call per
+    repeat); seconds per call divided by ``per[name]``."""
     per = per or {}
     numbers = {}
     for name, fn in fns.items():  # warm up (compiles) and pick a number of calls per repeat
@@ -160,6 +260,7 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, per: dict[
         block(fn())
         numbers[name] = max(1, int(np.ceil(min_repeat_seconds / max(time.perf_counter() - t0, 1e-7))))
     seconds: dict[str, list[float]] = {name: [] for name in fns}
+    meter = _LoadMeter().start()
     for _ in range(repeats):
         for name, fn in fns.items():
             n, out = numbers[name], None
@@ -170,8 +271,11 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, per: dict[
                     block(out)
             block(out)
             seconds[name].append((time.perf_counter() - t0) / n / per.get(name, 1))
-    return {name: Timing(name=name, seconds=s, number=numbers[name], per=per.get(name, 1), sync=sync)
-            for name, s in seconds.items()}
+    load = meter.stop()
+    out = {name: Timing(name=name, seconds=s, number=numbers[name], per=per.get(name, 1), sync=sync, load=load)
+           for name, s in seconds.items()}
+    _record(out.values())
+    return out
 
 
 @dataclass
@@ -253,6 +357,9 @@ def stamp() -> dict[str, Any]:
         "cpu_workaround": _workaround.workaround_active(),
         "size": sizes.current_size(),
         "utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "timings": _session["timed"],  # taken in this process so far, and how many were busy or noisy
+        "noisy_timings": _session["flagged"],
+        "max_other_cores": _session["max_load"],
     }
 
 
@@ -261,15 +368,43 @@ def stamp_text(s: dict[str, Any] | None = None) -> str:
     s = stamp() if s is None else s
     libs = ", ".join(f"{k} {s[k]}" for k in ("jax", "jaxlib", "flax", "equinox", "optax") if s.get(k))
     fix = "on" if s["cpu_workaround"] else "off"
-    return (f"{s['device']} ×{s['device_count']} ({s['cpu_cores']} CPU cores) · Python {s['python']} · "
+    text = (f"{s['device']} ×{s['device_count']} ({s['cpu_cores']} CPU cores) · Python {s['python']} · "
             f"{libs} · CPU fix {fix} · size {s['size']} · {s['utc']} UTC")
+    if s.get("noisy_timings"):  # stamps saved before the detector existed have none
+        text += (f" · ⚠ {s['noisy_timings']} of {s['timings']} timings in this run were busy or noisy "
+                 f"(other processes used up to {s['max_other_cores']:.1f} CPU cores)")
+    return text
+
+
+def noise_note(timings: Iterable[Timing | None]) -> str:
+    """A warning naming the timings measured on a busy machine (or spread too widely to trust), and
+    why; "" when there are none. Tables (``format_table``) and charts (``fastjax.plots``) show it."""
+    unique = {id(t): t for t in timings if t is not None}.values()  # the floor is often a row too
+    busy = [f"{t.name}: {t.load:.1f}" for t in unique if t.busy]
+    wide = [f"{t.name}: {t.spread:.0%}" for t in unique if t.wide]
+    if not busy and not wide:
+        return ""
+    parts = ["⚠ Not a quiet measurement."]
+    if busy:
+        parts.append("Measured on a busy machine (CPU cores other processes kept busy): " + "; ".join(busy) + ".")
+    if wide:
+        parts.append("Repeats spread widely (IQR / median): " + "; ".join(wide) + ".")
+    return " ".join(parts + ["Ratios may mislead: re-run with nothing else using the CPU."])
+
+
+class Rows(list):
+    """The rows of ``table``, with ``note``: the noise warning about the timings they came from."""
+
+    note: str = ""
 
 
 def table(timings: Iterable[Timing], floor: Timing | None = None, unit: str = "µs") -> list[dict[str, Any]]:
     """One row per timing: median and quartiles in ``unit`` (``"s"``, ``"ms"`` or ``"µs"``), and
-    the ratio of each median to ``floor``'s median when a floor is given."""
+    the ratio of each median to ``floor``'s median when a floor is given. The rows carry
+    ``noise_note`` of those timings, which ``format_table`` prints under the table."""
     scale = {"s": 1.0, "ms": 1e3, "µs": 1e6, "us": 1e6}[unit]
-    rows = []
+    timings, rows = list(timings), Rows()
+    rows.note = noise_note([*timings, floor])
     for t in timings:
         row = {"variant": t.name, f"median ({unit})": t.median * scale,
                f"q1 ({unit})": t.q1 * scale, f"q3 ({unit})": t.q3 * scale}
@@ -280,11 +415,13 @@ def table(timings: Iterable[Timing], floor: Timing | None = None, unit: str = "�
 
 
 def format_table(rows: Sequence[dict[str, Any]], digits: int = 3) -> str:
-    """Rows of plain data as a Markdown table (numbers to ``digits`` significant digits)."""
+    """Rows of plain data as a Markdown table (numbers to ``digits`` significant digits), followed by
+    the rows' noise warning when they came from ``table`` and some timing was busy or noisy."""
     if not rows:
         return ""
     cols = list(rows[0])
     fmt = lambda v: f"{v:.{digits}g}" if isinstance(v, float) else str(v)  # noqa: E731
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
+    note = getattr(rows, "note", "")
+    return "\n".join(lines + (["", note] if note else []))
