@@ -1,0 +1,106 @@
+import gzip
+import json
+
+import fastjax  # noqa: F401  (CPU workaround before JAX)
+import jax
+import jax.numpy as jnp
+import pytest
+
+from fastjax import profiling
+
+
+def chain(x):
+    return jnp.sum(jnp.sin(x) * 2.0 + 1.0)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return jax.jit(chain).lower(jnp.ones((64, 64))).compile()
+
+
+def test_a_generated_trace_is_parsed_and_joined_with_its_program(tmp_path, compiled):
+    x = jnp.ones((64, 64))
+    compiled(x).block_until_ready()
+    with jax.profiler.trace(str(tmp_path)):
+        for _ in range(3):
+            compiled(x).block_until_ready()
+    events = profiling.read_trace(profiling.find_trace(tmp_path))
+    assert events and all(e["dur"] >= 0 and e["thread"] for e in events)
+    assert [e["ts"] for e in events] == sorted(e["ts"] for e in events)
+    rows = profiling.top_ops(events, compiled.as_text())
+    assert rows and all(r["calls"] % 3 == 0 for r in rows)  # every instruction ran once per call
+    assert sum(r["share"] for r in rows) == pytest.approx(1.0)
+    assert rows == sorted(rows, key=lambda r: -r["total ms"])
+
+
+def test_bad_trace_input_gets_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no trace file"):
+        profiling.read_trace(tmp_path / "missing.trace.json.gz")
+    with pytest.raises(FileNotFoundError, match="no trace folder"):
+        profiling.find_trace(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="no \\*.trace.json.gz"):
+        profiling.find_trace(tmp_path)
+    empty = tmp_path / "empty.trace.json.gz"
+    with gzip.open(empty, "wt") as f:
+        json.dump({"traceEvents": [{"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "t"}}]}, f)
+    with pytest.raises(ValueError, match="no timed events"):
+        profiling.read_trace(empty)
+    plain = tmp_path / "plain.trace.json.gz"
+    plain.write_text("not gzip")
+    with pytest.raises(ValueError, match="not a gzipped JSON trace"):
+        profiling.read_trace(plain)
+
+
+def test_top_ops_refuses_a_trace_of_another_program(compiled):
+    events = [{"name": "no_such_instruction", "thread": "t", "ts": 0.0, "dur": 1.0}]
+    with pytest.raises(ValueError, match="same compiled program"):
+        profiling.top_ops(events, compiled.as_text())
+
+
+def test_fusions_find_the_elementwise_chain_fused(compiled):
+    found = profiling.fusions(compiled.as_text())
+    assert found and all(f["kind"].startswith("k") for f in found)
+    biggest = max(found, key=lambda f: len(f["ops"]))
+    assert {"sine", "multiply"} <= set(biggest["ops"])  # sin and the product ran as one kernel
+    assert "sine" not in profiling.unfused(compiled.as_text())
+
+
+def test_hlo_readers_refuse_other_text():
+    for reader in (profiling.fusions, profiling.unfused):
+        with pytest.raises(ValueError, match="compiled HLO module"):
+            reader("module @jit_f { func.func public @main() }")
+
+
+def test_cost_reads_both_forms_of_the_cost_analysis(compiled):
+    new = profiling.cost(compiled)
+    assert new["flops"] > 0 and new["bytes accessed"] > 0
+
+    class OldStyle:  # older JAX: a list of one dict per program
+        def cost_analysis(self):
+            return [{"flops": 10.0, "bytes accessed": 4.0}]
+
+    assert profiling.cost(OldStyle()) == {"flops": 10.0, "bytes accessed": 4.0, "transcendentals": 0.0}
+
+    class Two:
+        def cost_analysis(self):
+            return [{}, {}]
+
+    with pytest.raises(ValueError, match="one program"):
+        profiling.cost(Two())
+
+
+def test_roofline_picks_the_larger_bound():
+    r = profiling.roofline(flops=1e9, bytes_accessed=1e6, flops_per_s=1e10, bytes_per_s=1e9)
+    assert r["limit"] == "compute" and r["bound s"] == pytest.approx(0.1) and r["intensity"] == 1e3
+    r = profiling.roofline(flops=1e6, bytes_accessed=1e9, flops_per_s=1e10, bytes_per_s=1e9)
+    assert r["limit"] == "memory" and r["bound s"] == pytest.approx(1.0)
+    assert profiling.fraction_of_roofline(2.0, r) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="peaks > 0"):
+        profiling.roofline(1.0, 1.0, 0.0, 1.0)
+    with pytest.raises(ValueError, match="positive"):
+        profiling.fraction_of_roofline(0.0, r)
+
+
+def test_measured_peaks_are_positive():
+    assert profiling.peak_flops(n=128, repeats=1) > 0
+    assert profiling.peak_bandwidth(mib=4, repeats=1) > 0
