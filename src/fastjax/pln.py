@@ -89,11 +89,12 @@ def check_pln_data(counts: Any, offsets: Any = None, covariates: Any = None) -> 
     return PlnData(y, o, x, float(np.sum(log_stirling(y))))
 
 
-def _oaks_folder() -> Path:
+def _data_folder(name: str) -> Path:
+    """The folder of one data set shipped inside pyPLNmodels (``oaks``, ``scRT``), found without importing it."""
     spec = importlib.util.find_spec("pyPLNmodels")  # finds the package without importing torch
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("the oaks data ships with pyPLNmodels: pip install pyPLNmodels")
-    return Path(list(spec.submodule_search_locations)[0]) / "load_data" / "data" / "oaks"
+        raise ImportError(f"the {name} data ships with pyPLNmodels: pip install pyPLNmodels")
+    return Path(list(spec.submodule_search_locations)[0]) / "load_data" / "data" / name
 
 
 def load_oaks_counts(repeat: int = 1) -> PlnData:
@@ -105,10 +106,30 @@ def load_oaks_counts(repeat: int = 1) -> PlnData:
     import pandas as pd
 
     repeat = checks.check_positive_int(repeat, "repeat")
-    folder = _oaks_folder()
+    folder = _data_folder("oaks")
     counts = pd.read_csv(folder / "counts.csv").to_numpy()
     offsets = np.log(pd.read_csv(folder / "offsets.csv").to_numpy().astype(np.float64))
     return check_pln_data(np.tile(counts, (repeat, 1)), np.tile(offsets, (repeat, 1)))
+
+
+SCRNA_MAX = (2000, 3000)  # cells × genes that pyPLNmodels ships of the scMARK single-cell data
+
+
+def load_scrna_counts(n_samples: int = 400, dim: int = 100) -> PlnData:
+    """The first ``n_samples`` cells × ``dim`` genes of pyPLNmodels' scMARK subset (what
+    ``pyPLNmodels.load_scrna(n_samples, dim)["endog"]`` returns), intercept only, zero offsets
+    (pyPLNmodels' default). Genes with no count in these cells are removed with a warning."""
+    import pandas as pd
+
+    n_samples = checks.check_positive_int(n_samples, "n_samples")
+    dim = checks.check_positive_int(dim, "dim")
+    for value, limit, name, what in ((n_samples, SCRNA_MAX[0], "n_samples", "cells"),
+                                     (dim, SCRNA_MAX[1], "dim", "genes")):
+        if value > limit:
+            raise ValueError(f"{name} must be at most {limit} (pyPLNmodels ships {limit} {what} of the "
+                             f"single-cell data); got {value}")
+    counts = pd.read_csv(_data_folder("scRT") / "counts.csv", nrows=n_samples, usecols=range(dim)).to_numpy()
+    return check_pln_data(counts)
 
 
 def to_jax(data: PlnData, dtype: Any = None) -> PlnData:

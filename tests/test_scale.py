@@ -1,0 +1,163 @@
+"""Part IV's helpers: the single-cell loader (pln.load_scrna_counts) and fastjax.sharding's checks.
+
+The device tests run in fresh subprocesses: the CPU device count is fixed when JAX's backend starts,
+and this test process may already have started it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from importlib.util import find_spec
+
+import numpy as np
+import pytest
+
+from fastjax import pln, sharding
+
+needs_pyplnmodels_data = pytest.mark.skipif(find_spec("pyPLNmodels") is None, reason="the data ships with pyPLNmodels")
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["JAX_PLATFORMS"] = "cpu"
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+
+
+# ----------------------------------------------------------------------------- the single-cell loader
+
+@needs_pyplnmodels_data
+def test_load_scrna_counts_reads_the_first_cells_and_genes():
+    import pandas as pd
+
+    data = pln.load_scrna_counts(30, 40)
+    raw = pd.read_csv(pln._data_folder("scRT") / "counts.csv", nrows=30).to_numpy()[:, :40]
+    keep = raw.sum(axis=0) > 0
+    np.testing.assert_array_equal(data.counts, raw[:, keep])
+    n, p, d = data.shape
+    assert (n, d) == (30, 1) and p == keep.sum()
+    np.testing.assert_array_equal(data.offsets, 0.0)
+    np.testing.assert_array_equal(data.covariates, 1.0)
+    assert data.log_factorial == pytest.approx(float(np.sum(pln.log_stirling(data.counts))))
+
+
+@needs_pyplnmodels_data
+@pytest.mark.parametrize("n, p, match", [(2001, 10, "n_samples must be at most 2000"),
+                                         (10, 3001, "dim must be at most 3000"),
+                                         (0, 10, "n_samples must be positive"),
+                                         (10, -1, "dim must be positive")])
+def test_load_scrna_counts_refuses_sizes_it_does_not_have(n, p, match):
+    with pytest.raises(ValueError, match=match):
+        pln.load_scrna_counts(n, p)
+
+
+def test_load_scrna_counts_refuses_a_non_integer():
+    with pytest.raises(TypeError, match="n_samples must be an integer"):
+        pln.load_scrna_counts(10.5, 10)
+
+
+@needs_pyplnmodels_data
+def test_load_scrna_counts_matches_pyplnmodels_own_loader():
+    pytest.importorskip("torch")
+    import pyPLNmodels
+
+    ours = pln.load_scrna_counts(50, 60)
+    theirs = pyPLNmodels.load_scrna(n_samples=50, dim=60)["endog"].to_numpy()
+    theirs = theirs[:, theirs.sum(axis=0) > 0]
+    np.testing.assert_array_equal(ours.counts, theirs)
+
+
+# ----------------------------------------------------------------------------- sharding checks
+
+def test_check_divisible_names_both_numbers_and_the_fix():
+    with pytest.raises(ValueError) as err:
+        sharding.check_divisible(116, 8)
+    text = str(err.value)
+    assert "116" in text and "8 devices" in text and "[1, 2, 4]" in text and "first 112" in text
+    sharding.check_divisible(112, 8)  # divisible: no error
+
+
+@pytest.mark.parametrize("n, k", [(0, 2), (4, 0), (True, 2)])
+def test_check_divisible_refuses_non_positive_counts(n, k):
+    with pytest.raises((TypeError, ValueError)):
+        sharding.check_divisible(n, k)
+
+
+def test_count_collectives_counts_instructions_not_names():
+    hlo = textwrap.dedent("""\
+        %all-reduce.1 = f32[] all-reduce(f32[] %x), replica_groups={}, to_apply=%add
+        %ar = (f32[4]{0}, f32[]) all-reduce(f32[4]{0} %a, f32[] %b), to_apply=%add
+        %ags = f32[8]{0} all-gather-start(f32[1]{0} %y), dimensions={0}
+        %agd = f32[8]{0} all-gather-done(f32[8]{0} %ags)
+        %fusion = f32[] fusion(f32[] %all-reduce.1), kind=kLoop, calls=%fused
+        ROOT %t = (f32[]) tuple(%fusion)""")
+    got = sharding.count_collectives(hlo)
+    assert got["all-reduce"] == 2 and got["all-gather"] == 1 and got["reduce-scatter"] == 0
+
+
+def test_count_collectives_wants_text():
+    with pytest.raises(TypeError, match="HLO text"):
+        sharding.count_collectives(None)
+
+
+def test_import_fastjax_does_not_start_the_backend():
+    out = run_python("""
+        import fastjax, fastjax.pln, fastjax.sharding
+        from jax._src import xla_bridge
+        print(xla_bridge.backends_are_initialized())
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_use_cpu_devices_before_the_backend_gives_that_many_devices():
+    out = run_python("""
+        import fastjax
+        from fastjax import sharding
+        sharding.use_cpu_devices(4)
+        import jax
+        mesh = sharding.sample_mesh()
+        x = sharding.shard_rows(jax.numpy.arange(8.0), mesh)
+        print(len(jax.devices()), len(x.addressable_shards), sharding.use_cpu_devices(4))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["4", "4", "4"]
+
+
+def test_use_cpu_devices_after_the_backend_started_names_the_fix():
+    out = run_python("""
+        import fastjax, jax
+        from fastjax import sharding
+        jax.numpy.ones(1).block_until_ready()
+        try:
+            sharding.use_cpu_devices(8)
+        except RuntimeError as err:
+            print(err)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert "asked for 8 CPU devices" in out.stdout and "already started with 1" in out.stdout
+    assert "Restart the kernel" in out.stdout and "before any JAX computation" in out.stdout
+
+
+def test_shard_rows_refuses_rows_the_mesh_cannot_split():
+    out = run_python("""
+        import fastjax
+        from fastjax import sharding
+        sharding.use_cpu_devices(4)
+        import numpy as np
+        mesh = sharding.sample_mesh(4)
+        try:
+            sharding.shard_rows(np.zeros((6, 2)), mesh)
+        except ValueError as err:
+            print(err)
+        try:
+            sharding.sample_mesh(5)
+        except ValueError as err:
+            print(err)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert "6 rows do not split evenly over 4 devices" in out.stdout
+    assert "at most the 4 devices" in out.stdout
