@@ -83,7 +83,9 @@ def save_result(**arrays: Any) -> Path:
 def _tail(path: Path, lines: int = STDERR_TAIL) -> str:
     text = path.read_text(errors="replace").strip().splitlines() if path.exists() else []
     kept = [line for line in text if not line.lstrip().startswith("@ ")]  # drop C++ stack frames
-    return "\n".join(kept[-lines:]) or "(no output on stderr)"
+    # backquotes become quotes: Sphinx's IPython-traceback lexer stops at a backquote, so a book built
+    # with warnings as errors failed on a page that shows this error
+    return "\n".join(kept[-lines:]).replace("`", "'") or "(no output on stderr)"
 
 
 def _kill(procs: dict[int, subprocess.Popen]) -> None:
