@@ -29,6 +29,8 @@ def test_a_generated_trace_is_parsed_and_joined_with_its_program(tmp_path, compi
     assert [e["ts"] for e in events] == sorted(e["ts"] for e in events)
     rows = profiling.top_ops(events, compiled.as_text())
     assert rows and all(r["calls"] % 3 == 0 for r in rows)  # every instruction ran once per call
+    known = profiling.instructions(compiled.as_text())
+    assert all(r["op"] == known[r["op name"]]["op"] and not r["in_loop"] for r in rows)  # no loop in chain
     assert sum(r["share"] for r in rows) == pytest.approx(1.0)
     assert rows == sorted(rows, key=lambda r: -r["total ms"])
 

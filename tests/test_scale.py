@@ -161,3 +161,32 @@ def test_shard_rows_refuses_rows_the_mesh_cannot_split():
     assert out.returncode == 0, out.stderr
     assert "6 rows do not split evenly over 4 devices" in out.stdout
     assert "at most the 4 devices" in out.stdout
+
+
+# ----------------------------------------------------------------------------- "the same fit"
+
+def _fit(shift_m=0.0, shift_last=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    m, s = rng.normal(size=(20, 5)), rng.uniform(0.1, 1, size=(20, 5))
+    elbos = -1000.0 + np.arange(10.0)
+    elbos[-1] *= 1 + shift_last
+    return m + shift_m, s, elbos
+
+
+def test_check_same_fit_accepts_a_fit_within_the_yardstick():
+    ref32, ref64 = _fit(), _fit(shift_m=1e-3, shift_last=1e-5)
+    got, yard = sharding.check_same_fit(_fit(shift_m=2e-3, shift_last=-5e-5), ref32, ref64)
+    assert got["m"] == pytest.approx(2e-3) and yard["m"] == pytest.approx(1e-3)
+    assert got["final"] == pytest.approx(5e-5) and got["first"] == 0
+
+
+@pytest.mark.parametrize("fit, match", [(_fit(shift_m=1e-2), "^m: "), (_fit(shift_last=1e-3), "^final: ")])
+def test_check_same_fit_names_the_gap_that_is_too_large(fit, match):
+    with pytest.raises(AssertionError, match=match):
+        sharding.check_same_fit(fit, _fit(), _fit(shift_m=1e-3, shift_last=1e-5))
+
+
+def test_fit_gaps_refuses_fits_of_different_shapes():
+    m, s, e = _fit()
+    with pytest.raises(ValueError, match="differ in shape"):
+        sharding.fit_gaps((m[:10], s, e), _fit())

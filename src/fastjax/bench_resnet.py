@@ -5,8 +5,6 @@ code exported from the chapters); nothing here is a lesson, only measurement.
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 import time
 from pathlib import Path
@@ -262,15 +260,9 @@ def convolutions(hlo: str) -> dict[str, int]:
 
 def trace_ops(trace_file: str | Path, hlo: str) -> list[dict[str, Any]]:
     """Total time of each HLO op of one program in a ``jax.profiler`` trace (``*.trace.json.gz``),
-    slowest first: name, opcode, layout, inside a loop or not, calls, total ms."""
-    events = json.loads(gzip.open(trace_file).read())["traceEvents"]
-    known = instructions(hlo)
-    rows: dict[str, dict[str, Any]] = {}
-    for e in events:
-        name = e.get("name", "")
-        if e.get("ph") != "X" or name not in known or known[name]["op"] == "while":
-            continue
-        row = rows.setdefault(name, {"op name": name, **known[name], "calls": 0, "total ms": 0.0})
-        row["calls"] += 1
-        row["total ms"] += e["dur"] / 1e3
-    return sorted(rows.values(), key=lambda r: -r["total ms"])
+    slowest first: name, opcode, layout, inside a loop or not, calls, total ms (and share); the
+    reading and summing are :mod:`fastjax.profiling`'s."""
+    # imported here, not at the top: profiling imports this module's HLO parser
+    from fastjax import profiling
+
+    return profiling.top_ops(profiling.read_trace(trace_file), hlo)

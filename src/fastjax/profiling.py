@@ -112,15 +112,16 @@ def unfused(hlo: str) -> Counter:
 
 def top_ops(events: list[dict[str, Any]], hlo: str, n: int | None = None) -> list[dict[str, Any]]:
     """Trace events of the HLO instructions of one compiled program, summed per instruction, slowest
-    first: name, opcode (a fusion wrapping one convolution counts as a convolution), calls, total ms,
-    and share of the program's op time."""
+    first: name, what :func:`instructions` says of it (opcode, with a fusion wrapping one convolution
+    counted as a convolution; in a loop or not; layout), calls, total ms, and share of the program's
+    op time. Loops and calls are left out: their events contain the events of the ops they run."""
     known = instructions(hlo)
     rows: dict[str, dict[str, Any]] = {}
     for e in events:
         ins = known.get(e["name"])
         if ins is None or ins["op"] in ("while", "call", "conditional"):  # these contain other ops' events
             continue
-        row = rows.setdefault(e["name"], {"op name": e["name"], "op": ins["op"], "calls": 0, "total ms": 0.0})
+        row = rows.setdefault(e["name"], {"op name": e["name"], **ins, "calls": 0, "total ms": 0.0})
         row["calls"] += 1
         row["total ms"] += e["dur"] / 1e3
     if not rows:
