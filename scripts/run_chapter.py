@@ -23,8 +23,15 @@ def main() -> None:
     args = parser.parse_args()
     nb = jupytext.read(args.chapter)
     t0 = time.perf_counter()
-    NotebookClient(nb, timeout=args.timeout, resources={"metadata": {"path": str(args.chapter.parent)}}).execute()
-    elapsed = time.perf_counter() - t0
+    client = NotebookClient(nb, timeout=args.timeout, resources={"metadata": {"path": str(args.chapter.parent)}})
+    try:
+        client.execute()
+    finally:  # print what ran, also when a cell failed: its printed numbers say why
+        report(nb, args.save)
+    print(f"executed {args.chapter} in {time.perf_counter() - t0:.1f} s")
+
+
+def report(nb: nbformat.NotebookNode, save: Path | None) -> None:
     for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
         for out in cell.get("outputs", []):
             if out.output_type == "stream":
@@ -35,9 +42,8 @@ def main() -> None:
                 print(f"[{i}] {out['data']['text/markdown']}")
             elif "image/png" in out.get("data", {}):
                 print(f"[{i}] <figure>")
-    if args.save:
-        nbformat.write(nb, args.save)
-    print(f"executed {args.chapter} in {elapsed:.1f} s")
+    if save:
+        nbformat.write(nb, save)
 
 
 if __name__ == "__main__":
