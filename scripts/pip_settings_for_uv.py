@@ -3,7 +3,7 @@
 setup-env.sh installs the environments with uv, which does not read pip's configuration files or its
 PIP_* variables. Without these options uv would resolve against other indexes and constraints than pip:
 on the CI machine, pip's machine-wide constraints and its wheel folder are what keep torch at the CPU
-build on its disk instead of a CUDA build of several gigabytes.
+build on its disk instead of a CUDA build of several gigabytes. The first option makes uv choose among all indexes as pip does.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ def usable(value: str) -> bool:
 
 
 if __name__ == "__main__":
+    print("--index-strategy")  # pick across indexes as pip does (uv's default stops at the first that has the name)
+    print("unsafe-best-match")
     for name, values in pip_settings().items():
         for value in filter(usable, values):
             print(OPTIONS[name])

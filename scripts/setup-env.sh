@@ -43,8 +43,8 @@ if [ "$(cat "$VENV/.installed" 2>/dev/null || true)" != "$want" ]; then
   echo "setup: installing the $LEG set into $VENV (pyproject.toml)"
   pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
   # uv installs the pinned set, bytecode compiled, in 54 s where pip took 140 s (this machine,
-  # quiet, a new venv each, caches warm). It does not read pip's configuration, so pip_settings_for_uv.py hands it
-  # pip's constraints, wheel folders and indexes, and --index-strategy unsafe-best-match makes it pick
+  # quiet, a new venv each, caches warm). It does not read pip's configuration, so
+  # pip_settings_for_uv.py hands it pip's constraints, wheel folders and indexes, and makes it pick
   # across indexes as pip does. Where uv cannot be installed or fails, pip installs the set.
   # Bytecode is compiled at install time because this machine's environment sets
   # PYTHONDONTWRITEBYTECODE=1: without it every kernel compiled jax, flax and torch from source
@@ -52,8 +52,7 @@ if [ "$(cat "$VENV/.installed" 2>/dev/null || true)" != "$want" ]; then
   uv=()
   if "${pip[@]}" "uv==0.13.9" >/dev/null 2>&1; then
     mapfile -t pip_settings < <("$VENV/bin/python" scripts/pip_settings_for_uv.py)
-    uv=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" --compile-bytecode
-        --index-strategy unsafe-best-match "${pip_settings[@]}")
+    uv=("$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" --compile-bytecode "${pip_settings[@]}")
   fi
   install() {  # install "$@" with uv, else (no uv, or uv failed) with pip
     if [ ${#uv[@]} -gt 0 ] && "${uv[@]}" "$@"; then return; fi

@@ -114,8 +114,7 @@ def install_base(python: Path, packages: list[str], env: dict[str, str]) -> None
     if uv.exists():
         settings = subprocess.run([sys.executable, str(ROOT / "scripts" / "pip_settings_for_uv.py")], env=env,
                                   capture_output=True, text=True, check=True, timeout=60).stdout.split()
-        cmd = [str(uv), "pip", "install", "--quiet", "--python", str(python), "--compile-bytecode",
-               "--index-strategy", "unsafe-best-match", *settings, *packages]
+        cmd = [str(uv), "pip", "install", "--quiet", "--python", str(python), "--compile-bytecode", *settings, *packages]
     else:
         cmd = [str(python), "-m", "pip", "install", "-q", *packages]
     subprocess.run(cmd, check=True, env=env, timeout=300)
