@@ -38,7 +38,9 @@ def usable(value: str) -> bool:
 
 
 if __name__ == "__main__":
-    print("--index-strategy")  # pick across indexes as pip does (uv's default stops at the first that has the name)
+    # uv's default (first-index) uses only the first index that has a package; unsafe-best-match picks
+    # the best version across all, as pip does (https://docs.rs/uv-configuration/0.0.8/uv_configuration/enum.IndexStrategy.html)
+    print("--index-strategy")
     print("unsafe-best-match")
     for name, values in pip_settings().items():
         for value in filter(usable, values):
