@@ -105,19 +105,29 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def install_base(python: Path, packages: list[str], env: dict[str, str]) -> None:
+def install_base(python: Path, packages: list[str], env: dict[str, str], cwd: Path | None = None,
+                 compile_bytecode: bool = True) -> None:
     """Install Colab's base into the test's environment: with the uv that setup-env.sh put beside this
     Python, given pip's settings (scripts/pip_settings_for_uv.py), else with pip. Only the base: the
     install cells under test run pip, as on Colab. (Measured here, quiet: pip 25 s, uv 11.5 s; with the
-    bytecode kept between kernels too, this test took 81 s instead of 107 s.)"""
+    bytecode kept between kernels too, this test took 81 s instead of 107 s.) tests/test_requirements.py
+    installs requirements.txt with it (``cwd``: where its relative paths start, as pip reads them)."""
     uv = Path(sys.executable).with_name("uv")
     if uv.exists():
         settings = subprocess.run([sys.executable, str(ROOT / "scripts" / "pip_settings_for_uv.py")], env=env,
                                   capture_output=True, text=True, check=True, timeout=60).stdout.split()
-        cmd = [str(uv), "pip", "install", "--quiet", "--python", str(python), "--compile-bytecode", *settings, *packages]
+        compile_option = ["--compile-bytecode"] if compile_bytecode else []
+        cmd = [str(uv), "pip", "install", "--quiet", "--python", str(python), *compile_option, *settings, *packages]
     else:
         cmd = [str(python), "-m", "pip", "install", "-q", *packages]
-    subprocess.run(cmd, check=True, env=env, timeout=300)
+    subprocess.run(cmd, check=True, env=env, timeout=300, cwd=cwd)
+
+
+def add_kernel(python: Path, folder: Path, env: dict[str, str]) -> Path:
+    """Register a kernel of ``python`` named ``KERNEL`` under ``folder`` only; return its JUPYTER_PATH."""
+    subprocess.run([str(python), "-m", "ipykernel", "install", "--prefix", str(folder), "--name", KERNEL],
+                   check=True, env=env, capture_output=True, timeout=60)
+    return folder / "share" / "jupyter"
 
 
 def release(version: str) -> tuple[int, ...]:
@@ -128,6 +138,13 @@ def run_notebook(chapter: str, python: Path, tmp_path: Path, env: dict[str, str]
     """Run the chapter as Colab gets it in the test's kernel; return what its install cell printed."""
     nb = colab_notebook(ROOT / f"{chapter}.md")
     assert "FASTJAX_FORCE_INSTALL" in nb.cells[0].source, "the Colab notebook must start with the install cell"
+    code = execute_notebook(nb, chapter, python, tmp_path, env, source)
+    return "".join(o.get("text", "") for o in code[0].outputs)
+
+
+def execute_notebook(nb, chapter: str, python: Path, tmp_path: Path, env: dict[str, str], source: Path):
+    """Execute ``nb`` (the chapter ``chapter`` of the checkout ``source``) top to bottom with the
+    test's kernel (``KERNEL`` on ``env``'s JUPYTER_PATH), run by ``python``; return its code cells."""
     name = chapter.replace("/", "_")
     notebook, executed = tmp_path / f"{name}.ipynb", tmp_path / f"{name}.executed.ipynb"
     nbformat.write(nb, notebook)
@@ -140,7 +157,7 @@ def run_notebook(chapter: str, python: Path, tmp_path: Path, env: dict[str, str]
     assert all(c.execution_count is not None for c in code), f"{chapter}: not every cell ran"
     assert not any(o.get("output_type") == "error" for c in code for o in c.outputs
                    if "raises-exception" not in c.metadata.get("tags", [])), f"{chapter}: a cell raised"
-    return "".join(o.get("text", "") for o in code[0].outputs)
+    return code
 
 
 @pytest.mark.timeout(900)
@@ -159,16 +176,14 @@ def test_colab_notebooks_run_in_a_colab_like_environment(tmp_path):
     assert release(old["jax"]) < release(JAX_MIN), old
 
     # 2. A kernel of that environment, known only to this test.
-    jupyter_dir = tmp_path / "jupyter"
-    subprocess.run([str(python), "-m", "ipykernel", "install", "--prefix", str(jupyter_dir), "--name", KERNEL],
-                   check=True, env=env, capture_output=True, timeout=60)
+    jupyter_path = add_kernel(python, tmp_path / "jupyter", env)
 
     # 3. The install cells install from a copy of this checkout (a copy, so that pip's build leaves
     #    nothing behind in the working tree).
     source = tmp_path / "checkout"
     shutil.copytree(ROOT, source, ignore=CLEAN_COPY_IGNORE)
     run_env = clean_env(PIP_CONSTRAINT=str(constraints), PATH=env["PATH"],
-                        JUPYTER_PATH=str(jupyter_dir / "share" / "jupyter"),
+                        JUPYTER_PATH=str(jupyter_path),
                         FASTJAX_FORCE_INSTALL="1", FASTJAX_SOURCE=source.as_uri(),
                         FASTJAX_SIZE="quick", FASTJAX_MEASUREMENTS=str(tmp_path / "measurements"))
 

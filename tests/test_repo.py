@@ -57,9 +57,8 @@ def test_build_script_builds_into_build_html_with_warnings_as_errors():
 
 def test_layout():
     for name in ["_config.yml", "_toc.yml", "chapters", "src/fastjax", "images", "tests", "README.md",
-                 "pyproject.toml", "constraints-py311.txt", ".ci/run", ".github/workflows"]:
+                 "pyproject.toml", "requirements.txt", "constraints-py311.txt", ".ci/run", ".github/workflows"]:
         assert (ROOT / name).exists(), name
-    assert not (ROOT / "requirements.txt").exists(), "pyproject.toml is the one dependency list"
 
 
 def dependencies() -> dict[str, str]:
