@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from tqdm.auto import tqdm
+from tqdm import tqdm  # a text bar, alike in Jupyter, Colab and the page (tqdm.auto warns without ipywidgets)
 
 from fastjax import pln
 
