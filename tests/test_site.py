@@ -24,7 +24,8 @@ import shutil
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -153,6 +154,143 @@ def test_every_page_is_executed_once(build):
     executed_by_build = re.findall(r"Executed notebook in", build.log)
     left = [p for p in PAGES if not (EXECUTED / f"{p}.ipynb").is_file()]
     assert len(executed_by_build) <= len(left), f"the build re-executed pages phase 1 had run: {build.log[:2000]}"
+
+
+# ---------------------------------------------------------------- what the cells print
+
+# Warning text: a Python warning category ("UserWarning: ...", "TqdmWarning: ..."), a logging level
+# ("WARNING:absl:...", "[W] WARNING ..."), or a glog warning line from XLA ("W0512 10:31:02.123 ...").
+WARNING_TEXT = re.compile(r"\b[A-Z]\w*Warning\b|\bWARNING\b|^W\d{4} \d\d:\d\d:\d\d", re.M)
+EXPECTED_WARNING = "expected-warning"  # the cell tag of a cell whose lesson is a warning (notes/CONVENTIONS.md)
+
+
+@dataclass
+class CellOnPage:
+    """One code cell of a built page: its tags, its first line of code and the text of its outputs."""
+    index: int
+    tags: set[str] = field(default_factory=set)
+    code: str = ""
+    output: str = ""
+
+    def warnings(self) -> list[str]:
+        """The output lines holding warning text."""
+        return [line.strip() for line in self.output.splitlines() if WARNING_TEXT.search(line)]
+
+
+class _Cells(HTMLParser):
+    """Collect myst-nb's cells (``div.cell``, tags as ``tag_<name>`` classes) with their input and output text."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.cells: list[CellOnPage] = []
+        self.stack: list[set[str]] = []  # the classes of each open div
+        self.cell_depth: int | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag != "div":
+            return
+        classes = set((dict(attrs).get("class") or "").split())
+        self.stack.append(classes)
+        if "cell" in classes and self.cell_depth is None:
+            self.cell_depth = len(self.stack)
+            tags = {c.removeprefix("tag_") for c in classes if c.startswith("tag_")}
+            self.cells.append(CellOnPage(len(self.cells), tags))
+
+    def handle_endtag(self, tag):
+        if tag != "div" or not self.stack:
+            return
+        if self.cell_depth == len(self.stack):
+            self.cell_depth = None
+        self.stack.pop()
+
+    def handle_data(self, data):
+        if self.cell_depth is None:
+            return
+        cell = self.cells[-1]
+        if any("cell_output" in classes for classes in self.stack):
+            cell.output += data
+        elif any("cell_input" in classes for classes in self.stack):
+            cell.code += data
+
+
+def cells_on_page(page_html: str) -> list[CellOnPage]:
+    """The code cells of a page of the built book, in order."""
+    parser = _Cells()
+    parser.feed(page_html)
+    parser.close()
+    for cell in parser.cells:
+        cell.code = next((line.strip() for line in cell.code.splitlines() if line.strip()), "")
+    return parser.cells
+
+
+def stray_warnings(page_html: str) -> list[str]:
+    """Warning text in outputs of cells not tagged ``expected-warning``: one line per hit, naming the cell."""
+    return [f"cell {c.index + 1} ({c.code[:60]}): {line[:300]}"
+            for c in cells_on_page(page_html) if EXPECTED_WARNING not in c.tags for line in c.warnings()]
+
+
+def unneeded_warning_tags(page_html: str) -> list[str]:
+    """Cells tagged ``expected-warning`` that show no warning (the tag outlived the warning)."""
+    return [f"cell {c.index + 1} ({c.code[:60]})" for c in cells_on_page(page_html)
+            if EXPECTED_WARNING in c.tags and not c.warnings()]
+
+
+_PAGE = """<main><div class="cell {tags}docutils container">
+<div class="cell_input docutils container"><div class="highlight-ipython3 notranslate"><div class="highlight"><pre>
+<span></span><span class="n">{code}</span></pre></div></div></div>
+<div class="cell_output docutils container">
+<div class="output {kind} highlight-myst-ansi notranslate"><div class="highlight"><pre><span></span>{out}
+</pre></div></div></div></div>
+<p>UserWarning named in prose is not an output</p></main>"""
+
+
+@pytest.mark.parametrize("kind", ["stderr", "stream", "text_plain", "traceback"])
+@pytest.mark.parametrize("out", [
+    "/tmp/ipykernel_1/1.py:2: UserWarning: counts: removed 1 column(s)",
+    ".venv/lib/python3.11/site-packages/tqdm/auto.py:21: TqdmWarning: IProgress not found.",
+    "WARNING:absl:No GPU/TPU found, falling back to CPU.",
+    "W0512 10:31:02.123456 1234 cpu_client.cc:123] something",
+    "&lt;frozen importlib&gt; DeprecationWarning",
+])
+def test_warning_text_in_any_output_is_found(kind, out):
+    page = _PAGE.format(tags="", code="import pyPLNmodels", kind=kind, out=out)
+    found = stray_warnings(page)
+    assert len(found) == 1 and found[0].startswith("cell 1 (import pyPLNmodels): ")
+    assert stray_warnings(_PAGE.format(tags="tag_expected-warning ", code="x", kind=kind, out=out)) == []
+
+
+@pytest.mark.parametrize("out", ["state-only donation: no warning, data intact: True",
+                                 "eager fit: 100%|##########| 50/50 [00:01&lt;00:00, 45.2it/s]",
+                                 "⚠ Not a quiet measurement.", "warnings caught: 0"])
+def test_output_without_warning_text_passes(out):
+    assert stray_warnings(_PAGE.format(tags="", code="x", kind="stream", out=out)) == []
+
+
+def test_warning_text_in_code_or_prose_is_not_an_output():
+    page = _PAGE.format(tags="", code="warnings.warn(UserWarning(...))", kind="stream", out="done")
+    assert stray_warnings(page) == []
+
+
+def test_each_cell_keeps_its_own_tags_and_outputs():
+    first = _PAGE.format(tags="tag_expected-warning tag_hide-cell ", code="a", kind="stderr", out="UserWarning: x")
+    second = _PAGE.format(tags="", code="b", kind="stderr", out="RuntimeWarning: y")
+    cells = cells_on_page(first + second)
+    assert [(c.code, c.tags) for c in cells] == [("a", {"expected-warning", "hide-cell"}), ("b", set())]
+    assert stray_warnings(first + second) == ["cell 2 (b): RuntimeWarning: y"]
+
+
+def test_a_warning_tag_on_a_cell_that_shows_none_is_named():
+    page = _PAGE.format(tags="tag_expected-warning ", code="quiet()", kind="stream", out="done")
+    assert unneeded_warning_tags(page) == ["cell 1 (quiet())"]
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_no_warning_the_chapter_does_not_mean_to_show(html, name):
+    """Warning text in an output fails unless the cell is tagged expected-warning; fix a warning at its
+    source (or tag the cell where showing it is the lesson), never by hiding the stderr of a page."""
+    page = (html / f"{name}.html").read_text(errors="replace")
+    assert stray_warnings(page) == [], f"{name}.html shows warnings no cell means to show (tag: {EXPECTED_WARNING})"
+    assert unneeded_warning_tags(page) == [], f"{name}.html: cells tagged {EXPECTED_WARNING} show no warning"
 
 
 # ---------------------------------------------------------------- server and browser
