@@ -105,12 +105,15 @@ import functools
 import jax.numpy as jnp
 
 
-@functools.partial(jax.jit, static_argnames="maxiter")
+@functools.partial(jax.jit, static_argnames=("maxiter", "loss", "optimizer"))
 def fit_until_converged(params: tuple[Any, Any], data: pln.PlnData, tol: Any, target: Any,
-                        maxiter: int = pln.MAXITER) -> tuple[tuple[Any, Any], Any, pln.Criterion]:
+                        maxiter: int = pln.MAXITER, loss: Any = pln.loss,
+                        optimizer: Any = pln.optimizer) -> tuple[tuple[Any, Any], Any, pln.Criterion]:
     """Rprop updates of (M, S) in one lax.while_loop until pyPLNmodels' criterion is below ``tol``, the
-    ELBO reaches ``target``, or ``maxiter`` updates: final (M, S), the ELBOs (NaN past the end), criterion."""
-    tx = pln.optimizer()
+    ELBO reaches ``target``, or ``maxiter`` updates: final (M, S), the ELBOs (NaN past the end), criterion.
+    ``loss`` (of ``(M, S), data``) and ``optimizer`` (called with no argument) are static: Part V swaps in
+    faster ones."""
+    tx = optimizer()
     elbos = jnp.full((maxiter,), jnp.nan, dtype=params[0].dtype)
 
     def running(carry):
@@ -121,7 +124,7 @@ def fit_until_converged(params: tuple[Any, Any], data: pln.PlnData, tol: Any, ta
 
     def body(carry):
         params, opt_state, crit, elbos = carry
-        value, grads = jax.value_and_grad(pln.loss)(params, data)
+        value, grads = jax.value_and_grad(loss)(params, data)
         updates, opt_state = tx.update(grads, opt_state, params)
         elbos = elbos.at[crit.count].set(-value)
         return optax.apply_updates(params, updates), opt_state, pln.criterion_update(crit, -value), elbos
