@@ -2,10 +2,23 @@
 
 It holds what is not the lesson itself: the size switch, the timing harness, plots, input
 checks, and (in later modules) the data and model maths of the two examples. Importing it
-first applies a workaround for a jaxlib CPU miscompile before JAX starts (see ``_workaround``).
+first applies a workaround for a jaxlib CPU miscompile before JAX starts (see ``_workaround``), and
+lets OpenBLAS's idle threads sleep instead of spinning (``OPENBLAS_THREAD_TIMEOUT``, below).
 """
 
-from fastjax._workaround import apply_cpu_workaround, workaround_active
+import os
+
+# On CPU, jaxlib runs its LAPACK calls (Cholesky, triangular solves, LU) in SciPy's OpenBLAS. After each
+# call OpenBLAS keeps its idle threads spinning for 2^28 processor cycles (its THREAD_TIMEOUT, a tenth of
+# a second), so they take cores from XLA's own threads; OPENBLAS_THREAD_TIMEOUT=4 makes them sleep after
+# 2^4 cycles (OpenBLAS clamps it to 4..30: https://github.com/OpenMathLib/OpenBLAS/issues/5171).
+# Measured on the 2-core CPU of CI: a PLN iteration at n = 11,600 took 11.3 ms instead of 18.5 ms, and
+# 0.63 s instead of 0.71 s at 2,000 × 3,000 (chapters/floor/01-pln-gradient.md measures it). OpenBLAS
+# reads the variable when it is loaded, so it is set here, before JAX loads SciPy; a value set before
+# Python started wins.
+OPENBLAS_THREAD_TIMEOUT = os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+from fastjax._workaround import apply_cpu_workaround, workaround_active  # noqa: E402
 
 CPU_WORKAROUND = apply_cpu_workaround()
 
@@ -14,4 +27,4 @@ from fastjax.sizes import current_size  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["CPU_WORKAROUND", "checks", "current_size", "sizes", "workaround_active", "__version__"]
+__all__ = ["CPU_WORKAROUND", "OPENBLAS_THREAD_TIMEOUT", "checks", "current_size", "sizes", "workaround_active", "__version__"]

@@ -355,6 +355,7 @@ def stamp() -> dict[str, Any]:
         "python": platform.python_version(),
         **{pkg: _version(pkg) for pkg in ("jax", "jaxlib", "flax", "equinox", "optax", "numpy")},
         "cpu_workaround": _workaround.workaround_active(),
+        "openblas_thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
         "size": sizes.current_size(),
         "utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "timings": _session["timed"],  # taken in this process so far, and how many were busy or noisy
@@ -369,7 +370,9 @@ def stamp_text(s: dict[str, Any] | None = None) -> str:
     libs = ", ".join(f"{k} {s[k]}" for k in ("jax", "jaxlib", "flax", "equinox", "optax") if s.get(k))
     fix = "on" if s["cpu_workaround"] else "off"
     text = (f"{s['device']} ×{s['device_count']} ({s['cpu_cores']} CPU cores) · Python {s['python']} · "
-            f"{libs} · CPU fix {fix} · size {s['size']} · {s['utc']} UTC")
+            f"{libs} · CPU fix {fix}"
+            + (f" · OPENBLAS_THREAD_TIMEOUT={s['openblas_thread_timeout']}" if s.get("openblas_thread_timeout") else "")
+            + f" · size {s['size']} · {s['utc']} UTC")
     if s.get("noisy_timings"):  # stamps saved before the detector existed have none
         text += (f" · ⚠ {s['noisy_timings']} of {s['timings']} timings in this run were busy or noisy "
                  f"(other processes used up to {s['max_other_cores']:.1f} CPU cores)")
