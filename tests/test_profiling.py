@@ -106,3 +106,37 @@ def test_roofline_picks_the_larger_bound():
 def test_measured_peaks_are_positive():
     assert profiling.peak_flops(n=128, repeats=1) > 0
     assert profiling.peak_bandwidth(mib=4, repeats=1) > 0
+
+
+def test_library_flops_counts_the_lapack_calls():
+    a = jnp.eye(30) * 2.0
+    chol_solve = jax.jit(lambda a, b: jax.scipy.linalg.solve_triangular(jnp.linalg.cholesky(a), b, lower=True))
+    hlo = chol_solve.lower(a, jnp.ones((30, 50))).compile().as_text()
+    assert profiling.library_flops(hlo) == pytest.approx(30**3 / 3 + 30 * 30 * 50)  # potrf + trsm (textbook counts)
+    lu = jax.jit(jnp.linalg.solve).lower(a, jnp.ones((30, 50))).compile().as_text()
+    assert profiling.library_flops(lu) == pytest.approx(2 * 30**3 / 3 + 2 * 30 * 30 * 50)  # getrf + two trsm
+    assert profiling.library_flops(jax.jit(jnp.sin).lower(a).compile().as_text()) == 0
+    with pytest.raises(ValueError, match="HloModule"):
+        profiling.library_flops("not HLO")
+
+
+def test_fusion_bytes_add_up_to_the_cost_analysis():
+    f = jax.jit(lambda x, y: (jnp.sin(x) * y, jnp.cos(y) + x))
+    compiled = f.lower(jnp.ones((200, 100)), jnp.ones((200, 100))).compile()
+    rows = profiling.fusion_bytes(compiled.as_text())
+    assert rows and all(r["written bytes"] > 0 for r in rows)
+    moved = sum(r["read bytes"] + r["written bytes"] for r in rows)
+    assert moved == pytest.approx(profiling.cost(compiled)["bytes accessed"], rel=0.01)
+    with pytest.raises(ValueError, match="HloModule"):
+        profiling.fusion_bytes("")
+
+
+def test_traced_ops_and_their_kinds():
+    x = jnp.ones((64, 64))
+    compiled = jax.jit(lambda a: jnp.tanh(a @ a) + 1.0).lower(x).compile()
+    rows = profiling.traced_ops(compiled, x)
+    assert rows and abs(sum(r["share"] for r in rows) - 1) < 1e-9
+    shares = profiling.shares_by_kind(rows)
+    assert abs(sum(shares.values()) - 1) < 1e-9 and "matrix products" in shares
+    assert list(shares.values()) == sorted(shares.values(), reverse=True)
+    assert profiling.op_kind({"op": "custom-call", "op name": "cholesky.1"}) == "library calls"

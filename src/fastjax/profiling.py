@@ -2,9 +2,13 @@
 
 - ``find_trace`` / ``read_trace``: the timed events of a ``jax.profiler.trace`` run (the gzipped
   Chrome/Perfetto JSON it writes), in µs.
-- ``top_ops``: those events joined with a compiled program's HLO text: total ms per HLO instruction.
-- ``fusions`` / ``unfused``: what XLA fused in a compiled program, read from ``compiled.as_text()``.
+- ``top_ops``: those events joined with a compiled program's HLO text: total ms per HLO instruction;
+  ``traced_ops`` traces one call of a compiled program and returns them; ``shares_by_kind`` groups them.
+- ``fusions`` / ``unfused``: what XLA fused in a compiled program, read from ``compiled.as_text()``;
+  ``fusion_bytes``: what each of its fusions reads from and writes to memory.
 - ``cost``: ``compiled.cost_analysis()`` as one dict on every JAX version (older ones return a list).
+- ``library_flops``: the flops of the LAPACK calls of a compiled CPU program, which the cost analysis
+  leaves out (it counts a ``custom-call`` as 0 flops).
 - ``peak_flops`` / ``peak_bandwidth`` / ``roofline``: the device's measured peaks and the least time
   a program with given flops and bytes can take on it.
 
@@ -25,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastjax.bench_resnet import _computations, instructions
-from fastjax.timing import time_per_call
+from fastjax.timing import block, time_per_call
 
 # Instructions that compute nothing (they name, reshape in place, or bundle values): left out of counts.
 BOOKKEEPING = {"parameter", "constant", "bitcast", "tuple", "get-tuple-element"}
@@ -102,6 +106,36 @@ def fusions(hlo: str) -> list[dict[str, Any]]:
             for name, kind, called in _fusion_lines(hlo)]
 
 
+_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4,
+          "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+
+
+def _array_bytes(types: str) -> int:
+    """Bytes of the arrays named in an HLO type text such as ``f32[116,114]{1,0}`` or a tuple of them."""
+    return sum(_BYTES[t] * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
+               for t, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", types) if t in _BYTES)
+
+
+def fusion_bytes(hlo: str) -> list[dict[str, Any]]:
+    """Each fusion that runs as a kernel in a compiled program, with the bytes it reads (its fused
+    computation's parameters) and writes (its result): one pass over memory each, if nothing stays in
+    cache. The sum over fusions is the fused part of the cost analysis' "bytes accessed"."""
+    if "HloModule" not in hlo:
+        raise ValueError("expected the text of a compiled HLO module (compiled.as_text()); it has no 'HloModule'")
+    comps = _computations(hlo)
+    out = []
+    for lines in _kernels(hlo).values():
+        for line in lines:
+            m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (.*?) fusion\(.*?kind=(k\w+).*?calls=%?([\w.\-]+)", line)
+            if not m:
+                continue
+            name, result, kind, called = m.groups()
+            params = [ln for ln in comps.get(called, []) if re.search(r" parameter\(\d+\)", ln)]
+            read = sum(_array_bytes(ln.split("=", 1)[1].split(" parameter(")[0]) for ln in params)
+            out.append({"name": name, "kind": kind, "read bytes": read, "written bytes": _array_bytes(result)})
+    return out
+
+
 def unfused(hlo: str) -> Counter:
     """Operations of a compiled program that run on their own, outside any fusion, counted by opcode
     (bookkeeping such as parameters, constants and bitcasts left out; loops and calls included)."""
@@ -134,6 +168,38 @@ def top_ops(events: list[dict[str, Any]], hlo: str, n: int | None = None) -> lis
     return out[:n] if n else out
 
 
+def traced_ops(compiled: Any, *args: Any) -> list[dict[str, Any]]:
+    """:func:`top_ops` of one call of an AOT-compiled program on ``args`` (called once before, untraced)."""
+    import tempfile
+
+    block(compiled(*args))
+    folder = tempfile.mkdtemp()
+    with jax.profiler.trace(folder):
+        block(compiled(*args))
+    return top_ops(read_trace(find_trace(folder)), compiled.as_text())
+
+
+def op_kind(row: dict[str, Any]) -> str:
+    """What a row of :func:`top_ops` is: a library call (LAPACK on CPU), a matrix product or convolution
+    (XLA's own ``dot``, or a product handed to a library: ``ynn_fusion`` on CPU), a layout copy, or the
+    rest (elementwise work and reductions, fused)."""
+    if row["op"] == "custom-call":
+        return "library calls"
+    if row["op"] in ("dot", "convolution") or row["op name"].startswith("ynn_fusion"):
+        return "matrix products"
+    if row["op"] in ("copy", "transpose"):
+        return "copies and transposes"
+    return "elementwise and reductions"
+
+
+def shares_by_kind(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The share of a program's op time in each :func:`op_kind`, largest first."""
+    out: dict[str, float] = {}
+    for r in rows:
+        out[op_kind(r)] = out.get(op_kind(r), 0.0) + r["share"]
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def cost(compiled: Any) -> dict[str, float]:
     """``flops``, ``bytes accessed`` and ``transcendentals`` of a compiled program, from XLA's cost
     analysis (a dict in recent JAX, a list of one dict per program in older releases)."""
@@ -145,6 +211,30 @@ def cost(compiled: Any) -> dict[str, float]:
     if not analysis:
         raise ValueError("this backend gave no cost analysis")
     return {k: float(analysis.get(k, 0.0)) for k in ("flops", "bytes accessed", "transcendentals")}
+
+
+# The LAPACK kernels jaxlib calls on CPU (custom_call_target="lapack_<s|d><name>_ffi") and their flops,
+# from the shapes of their operands: Cholesky n³/3, LU 2n³/3, a triangular solve p²·k for a p×p
+# triangle and k right-hand sides (the textbook counts, as in LAPACK's own dopla/dopbl3 tables).
+_LAPACK = re.compile(r'custom_call_target="lapack_[sdcz](potrf|getrf|trsm)_ffi".*?operand_layout_constraints=\{(.*?)\}\}')
+
+
+def library_flops(hlo: str) -> float:
+    """Flops of the LAPACK calls (Cholesky, LU, triangular solves) in a compiled program's text: what
+    ``cost`` leaves out. Calls inside a loop are counted once, as ``cost_analysis`` counts a loop body."""
+    if "HloModule" not in hlo:
+        raise ValueError("expected the text of a compiled HLO module (compiled.as_text()); it has no 'HloModule'")
+    total = 0.0
+    for kind, operands in _LAPACK.findall(hlo):
+        shapes = [[int(d) for d in dims.split(",")] for dims in re.findall(r"\[([\d,]+)\]", operands)]
+        n = shapes[0][-1]
+        if kind == "potrf":
+            total += n**3 / 3
+        elif kind == "getrf":
+            total += 2 * n**3 / 3
+        else:  # trsm: operands (the p×p triangle, the right-hand sides)
+            total += n * n * int(np.prod(shapes[1])) / n
+    return total
 
 
 def peak_flops(n: int = 2048, repeats: int = 5) -> float:
