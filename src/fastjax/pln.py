@@ -212,6 +212,39 @@ def _tri_solve(lower: Any, b: Any, xp: Any) -> Any:
     return jsl.solve_triangular(lower, b, lower=True)
 
 
+def check_params(params: Any, data: PlnData) -> None:
+    """Raise (ValueError, TypeError) naming the problem unless ``params = (M, S)`` fit ``data``: two
+    float arrays of the counts' shape, finite, with no zero in S (a standard deviation of 0 has no log)."""
+    if not isinstance(params, (tuple, list)) or len(params) != 2:
+        raise TypeError(f"params must be a pair (M, S); got {type(params).__name__}")
+    shape = tuple(data.counts.shape)
+    for name, a in zip(("M", "S"), params):
+        if tuple(np.shape(a)) != shape:
+            raise ValueError(f"{name} must have the shape of the counts {shape}; got {tuple(np.shape(a))}")
+        if not np.issubdtype(np.asarray(a).dtype, np.floating):
+            raise TypeError(f"{name} must hold floats; got dtype {np.asarray(a).dtype}")
+        bad = ~np.isfinite(np.asarray(a))
+        if bad.any():
+            raise ValueError(f"{name} has {int(bad.sum())} NaN or infinite entries (first at {tuple(np.argwhere(bad)[0])})")
+    zero = np.asarray(params[1]) == 0
+    if zero.any():
+        raise ValueError(f"S has {int(zero.sum())} zero entries (first at {tuple(np.argwhere(zero)[0])}): "
+                         "a standard deviation of 0 has no log")
+
+
+def check_fit(elbos: Any, crit: Criterion) -> None:
+    """After a jitted fit, raise FloatingPointError naming the first iteration whose ELBO is not finite
+    (inside ``jit`` nothing can raise: a Σ that stopped being positive definite, or an ``exp`` that
+    overflowed, shows up as a NaN or infinite ELBO)."""
+    done = np.asarray(elbos)[: int(crit.count)]
+    bad = np.flatnonzero(~np.isfinite(done))
+    if bad.size:
+        raise FloatingPointError(
+            f"the fit's ELBO is {done[bad[0]]} at iteration {bad[0]} (of {done.size}): Σ stopped being positive "
+            "definite or exp(O + M + S²/2) overflowed there; evaluate the gradient eagerly at that point "
+            "(it names which) or fit in float64")
+
+
 def start(data: PlnData) -> tuple[Any, Any]:
     """pyPLNmodels' starting point ``(M, S)`` for ``data``, in its array type."""
     return init_latent(data.counts, np if isinstance(data.counts, np.ndarray) else None)

@@ -1,0 +1,159 @@
+"""Part V's PLN floor (fastjax.rungs.floor, exported from chapters/floor/01-02): the hand gradient is
+jax.grad's, the packed Rprop is torch's rule to the bit, the fast fit is Part I's fit, bad input is named."""
+
+from __future__ import annotations
+
+import math
+
+import fastjax  # noqa: F401
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fastjax import bench_pln, pln
+from fastjax.rungs import floor as F
+from fastjax.rungs import pln as R
+from test_rprop import jax_path, loss_np
+
+
+@pytest.fixture(scope="module")
+def data():
+    return pln.to_jax(pln.load_oaks_counts())
+
+
+def away_from_start(data, seed=0):
+    m, s = pln.start(data)
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    return (m + 0.3 * jax.random.normal(k1, m.shape, m.dtype), s * jax.random.uniform(k2, s.shape, s.dtype, 0.5, 2.0))
+
+
+def rel_err(ours, ref):
+    return max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / np.max(np.abs(np.asarray(b))))
+               for a, b in zip(ours, ref))
+
+
+@pytest.mark.parametrize("shape", [(116, 114), (60, 150)])  # many rows (n > 2p uses the product) and few
+@pytest.mark.parametrize("by_product", [None, False, True])
+def test_hand_gradient_is_jax_grad_in_float64(shape, by_product):
+    with jax.enable_x64(True):
+        oaks = pln.load_oaks_counts()
+        n, p = shape
+        if p > 114:  # more columns than oaks has: two copies side by side, columns shifted so none repeats
+            counts = np.hstack([oaks.counts[:n], np.roll(oaks.counts[:n], 1, axis=0)])[:, :p]
+            with pytest.warns(UserWarning, match="only zeros"):  # one column of the first 60 rows is all 0
+                d = pln.to_jax(pln.check_pln_data(counts), jnp.float64)
+        else:
+            d = pln.to_jax(pln.check_pln_data(oaks.counts[:n, :p], oaks.offsets[:n, :p]), jnp.float64)
+        params = away_from_start(d)
+        ref_value, ref_grads = jax.value_and_grad(pln.loss)(params, d)
+        value, grads = jax.jit(F.value_and_grad_by_hand, static_argnums=2)(params, d, by_product)
+        # float64: a solve with Σ loses up to cond(Σ) × eps; measured ~2e-16 (cond ~1e2)
+        assert rel_err(grads, ref_grads) < 1e-12
+        assert abs(float(value - ref_value)) < 1e-12 * abs(float(ref_value))
+
+
+def test_custom_vjp_gives_the_hand_gradient(data):
+    params = away_from_start(data)
+    via_grad = jax.grad(F.loss_by_hand)(params, data)
+    value, grads = F.value_and_grad_by_hand(params, data)
+    assert rel_err(via_grad, grads) == 0.0
+    np.testing.assert_allclose(float(F.loss_by_hand(params, data)), float(value), rtol=0)
+    # and float32 agrees with jax.grad's float32 gradient to float32 rounding
+    assert rel_err(grads, jax.grad(pln.loss)(params, data)) < 1e-5
+
+
+def test_packed_rprop_follows_torch_bit_for_bit():
+    x0 = np.linspace(-1.0, 2.0, 7)
+    np.testing.assert_array_equal(jax_path(F.rprop_packed(0.01), x0, 60),
+                                  jax_path(fastjax_rprop(0.01), x0, 60))  # both torch's rule: same float64 numbers
+    kw = dict(etas=(0.3, 1.5), step_sizes=(1e-10, 0.2))
+    np.testing.assert_array_equal(jax_path(F.rprop_packed(0.05, **kw), x0, 60), jax_path(fastjax_rprop(0.05, **kw), x0, 60))
+    assert float(loss_np(jnp.asarray(x0))) > 0  # the toy loss of test_rprop: its gradient flips sign along the path
+
+
+def fastjax_rprop(lr, **kw):
+    from fastjax.rprop import rprop
+    return rprop(lr, **kw)
+
+
+def test_fast_fit_is_part1_fit_with_the_hand_gradient(data):
+    args = (pln.start(data), data, jnp.float32(0), jnp.float32(math.inf))
+    _, part1, _ = R.fit_until_converged(*args, maxiter=40, loss=F.loss_by_hand)
+    (m, s), fast, crit = F.fit_fast(*args, maxiter=40)
+    np.testing.assert_array_equal(np.asarray(part1), np.asarray(fast))  # same operations on the same numbers
+    assert int(crit.count) == 40 and m.shape == s.shape == data.counts.shape
+    pln.check_fit(fast, crit)  # finite: no error
+
+
+def test_fast_fit_stops_by_pyplnmodels_rule(data):
+    args = (pln.start(data), data, jnp.float32(pln.TOL), jnp.float32(math.inf))
+    _, old, crit_old = R.fit_until_converged(*args)
+    _, new, crit_new = F.fit_fast(*args)
+    # Two float32 roundings of one gradient: Rprop follows their signs, and an entry within rounding of 0 can
+    # take the other branch, so the trajectories part for a while (measured up to 0.66 % from iteration 28)
+    # and meet again: the final ELBOs end 6.3e-6 apart (float64 agrees to 3e-14: chapters/floor/01).
+    assert abs(int(crit_old.count) - int(crit_new.count)) <= 1
+    final_old = np.asarray(old)[int(crit_old.count) - 1]
+    final_new = np.asarray(new)[int(crit_new.count) - 1]
+    assert abs(final_new / final_old - 1) < 1e-5
+
+
+@pytest.mark.parametrize("params, error, match", [
+    (lambda m, s: (m[:5], s), ValueError, "shape of the counts"),
+    (lambda m, s: (m.at[0, 0].set(jnp.nan), s), ValueError, "NaN or infinite"),
+    (lambda m, s: (m, s.at[2, 3].set(0.0)), ValueError, "zero entries"),
+    (lambda m, s: (m.astype(jnp.int32), s), TypeError, "floats"),
+    (lambda m, s: m, TypeError, "pair"),
+])
+def test_bad_parameters_are_named(data, params, error, match):
+    with pytest.raises(error, match=match):
+        F.value_and_grad_by_hand(params(*pln.start(data)), data)
+
+
+def test_a_covariance_that_is_not_positive_definite_is_named(data):
+    m, s = pln.start(data)
+    sigma = pln.closed_form_covariance(data.covariates, m, s)
+    with pytest.raises(ValueError, match="not positive definite"):
+        F.check_by_hand(jnp.linalg.cholesky(sigma - 2 * jnp.eye(sigma.shape[0])), m, (m, s))
+    with pytest.raises(FloatingPointError, match="overflows"):
+        F.check_by_hand(jnp.linalg.cholesky(sigma), m.at[0, 0].set(jnp.inf), (m, s))
+    with pytest.raises(FloatingPointError, match="gradient in S"):
+        F.check_by_hand(jnp.linalg.cholesky(sigma), m, (m, s.at[0, 0].set(jnp.nan)))
+
+
+def test_check_fit_names_the_first_bad_iteration():
+    elbos = jnp.array([-3.0, -2.0, jnp.nan, jnp.nan, jnp.nan])
+    with pytest.raises(FloatingPointError, match="iteration 2 "):
+        pln.check_fit(elbos, pln.criterion_start()._replace(count=jnp.int32(4)))
+    pln.check_fit(elbos, pln.criterion_start()._replace(count=jnp.int32(2)))  # NaNs past the end are not iterations
+
+
+@pytest.mark.parametrize("kw, error, match", [(dict(step_sizes=(1e-30, 50.0)), ValueError, "packed"),
+                                              (dict(step_sizes=(1e-6, 1e12)), ValueError, "packed"),
+                                              (dict(etas=(1.5, 1.2)), ValueError, "etas")])
+def test_packed_rprop_bad_settings(kw, error, match):
+    with pytest.raises(error, match=match):
+        F.rprop_packed(0.01, **kw)
+
+
+def test_packed_rprop_refuses_parameters_it_cannot_pack():
+    with pytest.raises(TypeError, match="float32 or float64"):
+        F.rprop_packed().init(jnp.ones(3, jnp.float16))
+
+
+@pytest.mark.pinned  # pyPLNmodels needs torch
+def test_race_takes_the_data(tmp_path):
+    oaks = pln.load_oaks_counts()
+    small = pln.check_pln_data(oaks.counts[:40, :30], oaks.offsets[:40, :30])
+    out = bench_pln.race(small, repeats=2, fresh_process=False)
+    assert (out["n"], out["p"], out["fit"], out["repeats"]) == (40, 30, "fast", 2)
+    assert len(out["runs"]["jax_seconds"]) == 2 and all(v > 0 for v in out["runs"]["pyplnmodels_seconds"])
+    q1, q3 = out["spread"]["speedup_converge_compile_excluded"]
+    assert q1 <= q3
+    # the same rule stops both fits after the same number of iterations, up to a criterion at rounding of tol
+    assert abs(out["jax_iterations"] - out["pyplnmodels_iterations"]) <= 1
+    with pytest.raises(TypeError, match="NumPy"):
+        bench_pln.race(pln.to_jax(small), repeats=1, fresh_process=False)
+    with pytest.raises(ValueError, match="fit must be one of"):
+        bench_pln.race(small, fit="slow", repeats=1, fresh_process=False)
