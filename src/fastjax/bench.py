@@ -106,7 +106,8 @@ def summary(results: dict[str, Any]) -> str:
     """A Markdown table per part: median per unit of work and ratio to that part's floor."""
     lines = []
     for part, res in results["parts"].items():
-        rungs = list(res["rungs"]) + [res["floor"]] + ([res["dispatch_floor"]] if res.get("dispatch_floor") else [])
+        extra_floors = [res[k] for k in ("floor_fast", "dispatch_floor") if res.get(k)]
+        rungs = list(res["rungs"]) + [res["floor"]] + extra_floors
         lines += [f"### {part}", "", timing.format_table(timing.table(rungs, floor=res["floor"])), ""]
     lines.append(timing.stamp_text(results["stamp"]))
     return "\n".join(lines)

@@ -1,8 +1,9 @@
 """Measuring Part I: the PLN ladder timed in turns, pyPLNmodels' own fit, and the race between them.
 
 The rungs come from ``fastjax.rungs.pln`` (exported from the chapters), so what is timed here is
-the code the reader sees. Run ``python -m fastjax.bench_pln --cache-run DIR`` only from ``race``:
-it is the fresh process that compiles the converging fit with JAX's persistent cache in ``DIR``.
+the code the reader sees. ``python -m fastjax.bench_pln`` runs the race and prints its figures (``--fit part1``: with Part I's
+fit); ``--cold N`` times pyPLNmodels' first fit in N fresh processes. ``--cache-run`` and
+``--first-fit`` are the fresh processes that ``race`` and ``first_fits`` start.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from typing import Any, Callable
 
 import fastjax  # noqa: F401  (the CPU workaround, before jax)
 import numpy as np
 
-from fastjax import pln, sizes
+from fastjax import checks, pln, sizes
 from fastjax.timing import Timing, compile_time, first_call_seconds, time_interleaved, time_per_call
+from fastjax.timing import block as timing_block
 
 TARGET_GAP = 5e-4  # "reached": within 0.05 % of pyPLNmodels' final ELBO
 
@@ -54,8 +57,9 @@ def interleaved(calls: dict[str, tuple[Callable[[], Any], int]], rounds: int) ->
 
 
 def measure_ladder(data: pln.PlnData | None = None) -> dict[str, Any]:
-    """Seconds per iteration of every rung and of the floor (the AOT-compiled scan fit), timed in
-    turns in one run, compile apart. Returns {"rungs", "floor", "extra"}."""
+    """Seconds per iteration of every rung, of the floor (the AOT-compiled scan fit) and of Part V's
+    floor (``F.fit_fast``, run for the same iterations), timed in turns in one run, compile apart.
+    Returns {"rungs", "floor", "floor_fast", "extra"}."""
     import jax
 
     from fastjax.rungs import pln as R
@@ -78,14 +82,19 @@ def measure_ladder(data: pln.PlnData | None = None) -> dict[str, Any]:
     }
     for how, (step, _) in R.nnx_steppers(data).items():
         calls[f"6 {how}"] = (python_loop(step, nt), nt)
+    fast_args = (p0, data, np.float32(0), np.float32(math.inf))  # tolerance 0: all nt iterations
+    fast = compile_time(_fit("fast"), *fast_args, maxiter=nt)
+    calls["Part V floor: hand gradient, packed Rprop"] = (lambda: fast.compiled(*fast_args), nt)
     calls["floor: AOT-compiled scan"] = (lambda: aot.compiled(p0, data), nt)
     timings = interleaved(calls, cfg.repeats)
     floor = timings.pop()
     floor.compile_seconds = aot.compile_seconds
+    floor_fast = timings.pop()
+    floor_fast.compile_seconds = fast.compile_seconds
     extra = dict(n=n, p=p, d=d, n_time=nt, n_time_eager=cfg.n_time_eager, size=cfg.size,
                  lower_seconds=aot.lower_seconds, compile_seconds=aot.compile_seconds,
                  eager_first_step_seconds=eager_first)
-    return {"rungs": timings, "floor": floor, "extra": extra}
+    return {"rungs": timings, "floor": floor, "floor_fast": floor_fast, "extra": extra}
 
 
 def profile_iteration(data: pln.PlnData | None = None) -> list[Timing]:
@@ -128,7 +137,10 @@ def fit_pyplnmodels(data: pln.PlnData, dtype: str = "float32", maxiter: int = pl
     """``pyPLNmodels.Pln(...).fit()`` quietly, in float32 (its own) or float64 (its tensors cast, the
     offsets taken at full precision): (model, seconds, ELBO before each update, cumulative seconds)."""
     import torch
-    from pyPLNmodels import Pln
+
+    with warnings.catch_warnings():  # pyPLNmodels imports pkg_resources, which announces its own deprecation
+        warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+        from pyPLNmodels import Pln
 
     model = Pln(np.asarray(data.counts), offsets=np.asarray(data.offsets), exog=np.asarray(data.covariates),
                 add_const=False)
@@ -160,99 +172,163 @@ def _converge_args(data: pln.PlnData, target: float) -> tuple[Any, ...]:
     return pln.start(data), data, jnp.float32(pln.TOL), jnp.float32(target)
 
 
-def cache_run(cache_dir: str, repeat: int, target: float) -> dict[str, float]:
+FITS = ("fast", "part1")  # Part V's floor (hand gradient, packed Rprop) and Part I's while_loop fit
+
+
+def _fit(name: str) -> Any:
+    """The compiled-once JAX fit called ``name`` (both have ``fit_until_converged``'s signature)."""
+    from fastjax.rungs import floor as F
+    from fastjax.rungs import pln as R
+
+    if name not in FITS:
+        raise ValueError(f"fit must be one of {FITS}; got {name!r}")
+    return F.fit_fast if name == "fast" else R.fit_until_converged
+
+
+def cache_run(cache_dir: str, data_file: str, target: float, fit: str = "fast") -> dict[str, float]:
     """In this (fresh) process: the converging fit's first call, compile included, with JAX's persistent
-    compilation cache in ``cache_dir``; then a warm call. Seconds."""
+    compilation cache in ``cache_dir``, on the data saved in ``data_file`` (``.npz``); then a warm call. Seconds."""
     import jax
 
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    from fastjax.rungs import pln as R
     from fastjax.timing import block
 
-    data = pln.to_jax(pln.load_oaks_counts(repeat))
+    with np.load(data_file) as f:
+        data = pln.to_jax(pln.PlnData(f["counts"], f["offsets"], f["covariates"], float(f["log_factorial"])))
     args = _converge_args(data, target)
     t0 = time.perf_counter()
-    block(R.fit_until_converged(*args))
+    block(_fit(fit)(*args))
     first = time.perf_counter() - t0
     t0 = time.perf_counter()
-    block(R.fit_until_converged(*args))
+    block(_fit(fit)(*args))
     return {"first_call_seconds": first, "warm_call_seconds": time.perf_counter() - t0}
 
 
-def _fresh_process(cache_dir: str, repeat: int, target: float) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "fastjax.bench_pln", "--cache-run", cache_dir, "--repeat", str(repeat),
-           "--target", repr(target)]
+def _fresh_process(*flags: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "fastjax.bench_pln", *flags]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=os.environ.copy(), timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def race(repeat: int | None = None, torch_threads: int | None = None) -> dict[str, Any]:
-    """pyPLNmodels' ``Pln.fit`` (defaults) against the JAX fit that stops by the same rule (one
-    ``lax.while_loop``, compiled once): time to converge and to reach pyPLNmodels' final ELBO (within
-    0.05 %), compile apart, compile included, and in a fresh process with a warm persistent cache.
-    Medians over ``race_repeats`` runs, taken in turns. Seconds."""
+def first_fits(processes: int = 3, repeat: int = 1) -> list[dict[str, float]]:
+    """pyPLNmodels' first ``Pln.fit()`` in a fresh process, then a second one, in each of ``processes``
+    new processes (oaks stacked ``repeat`` times). Seconds. Its first fit carries a one-time cost."""
+    return [_fresh_process("--first-fit", "--repeat", str(repeat)) for _ in range(processes)]
+
+
+def _spread(values: list[float]) -> list[float]:
+    """[first quartile, third quartile] of ``values``."""
+    return [float(np.percentile(values, 25)), float(np.percentile(values, 75))]
+
+
+def race(data: pln.PlnData | None = None, fit: str = "fast", repeats: int | None = None,
+         torch_threads: int | None = None, fresh_process: bool = True) -> dict[str, Any]:
+    """pyPLNmodels' ``Pln.fit`` (defaults) against the JAX fit ``fit`` (``"fast"``: Part V's floor, the
+    default; ``"part1"``: Part I's), which stops by the same rule in one compiled ``lax.while_loop``: time
+    to converge and to reach pyPLNmodels' final ELBO (within 0.05 %), compile apart, compile included, and
+    (``fresh_process``) in a fresh process with a warm persistent cache. ``data``: NumPy ``PlnData``
+    (default: oaks at the bench's size). Both sides are warmed up first (pyPLNmodels' first fit in a
+    process is slower: ``first_fits``); then ``repeats`` rounds, each running every contender once, in
+    turns, so that a change of load hits all alike. Part I's fit runs in every round too (the old floor).
+    Figures are medians; ``spread`` gives the quartiles of the per-round values and ratios. Seconds."""
     import torch
 
-    from fastjax.rungs import pln as R
-
+    _fit(fit)  # a known fit, or a ValueError naming the choices
     cfg = settings()
-    repeat = cfg.repeat if repeat is None else repeat
+    repeats = cfg.race_repeats if repeats is None else checks.check_positive_int(repeats, "repeats")
     if torch_threads:
         torch.set_num_threads(torch_threads)
-    data_np = pln.load_oaks_counts(repeat)
+    data_np = pln.load_oaks_counts(cfg.repeat) if data is None else data
+    if not isinstance(data_np.counts, np.ndarray):
+        raise TypeError("race needs the data as NumPy arrays (pln.load_*_counts or pln.check_pln_data), "
+                        f"not {type(data_np.counts).__name__}: pyPLNmodels gets the same numbers")
     data = pln.to_jax(data_np)
-    fit_pyplnmodels(pln.load_oaks_counts(1), maxiter=5)  # warm-up: torch's first fit is slower
-    aot = compile_time(R.fit_until_converged, *_converge_args(data, math.inf))
-    runs, jax_conv, jax_target = [], [], []
-    target = None
-    for _ in range(cfg.race_repeats):  # in turns, so that a change of load hits both alike
-        runs.append(fit_pyplnmodels(data_np))
-        target = float(runs[0][2][-1]) if target is None else target
-        jax_conv.append(time_per_call(aot.compiled, *_converge_args(data, math.inf), repeats=1, number=1,
-                                      warmup=0).median)
-        reach = target - TARGET_GAP * abs(target)
-        jax_target.append(time_per_call(aot.compiled, *_converge_args(data, reach), repeats=1, number=1,
-                                        warmup=0).median)
-    _, p_elbos, p_times = runs[0][0], runs[0][2], runs[0][3]
-    k_p = first_reaching(p_elbos, target)
-    _, j_elbos, crit = aot.compiled(*_converge_args(data, math.inf))
+    compiled = {name: compile_time(_fit(name), *_converge_args(data, math.inf)) for name in FITS}
+    ours = compiled[fit]
+    fit_pyplnmodels(pln.load_oaks_counts(1), maxiter=5)  # warm-up: the first fit in a process is slower
+    for c in compiled.values():  # warm-up: the first call of each compiled fit, untimed
+        timing_block(c.compiled(*_converge_args(data, math.inf)))
+    runs: dict[str, list[float]] = {k: [] for k in ("pyplnmodels_seconds", "pyplnmodels_seconds_to_target",
+                                                   "jax_seconds", "jax_seconds_to_target", "jax_part1_seconds")}
+    target, k_p, first_run = None, None, None
+
+    def once(c: Any, *args: Any) -> float:
+        return time_per_call(c.compiled, *args, repeats=1, number=1, warmup=0).median
+
+    for _ in range(repeats):  # in turns
+        model, seconds, p_elbos, p_times = fit_pyplnmodels(data_np)
+        if target is None:
+            first_run, target = (p_elbos, p_times), float(p_elbos[-1])
+            k_p = first_reaching(p_elbos, target)
+        runs["pyplnmodels_seconds"].append(seconds)
+        runs["pyplnmodels_seconds_to_target"].append(float(p_times[k_p]))  # same iterations every run
+        runs["jax_seconds"].append(once(ours, *_converge_args(data, math.inf)))
+        runs["jax_seconds_to_target"].append(once(ours, *_converge_args(data, target - TARGET_GAP * abs(target))))
+        runs["jax_part1_seconds"].append(once(compiled["part1"], *_converge_args(data, math.inf)))
+    p_elbos, p_times = first_run
+    _, j_elbos, crit = ours.compiled(*_converge_args(data, math.inf))
+    pln.check_fit(j_elbos, crit)
     j_elbos = np.asarray(j_elbos)[: int(crit.count)]
-    _, _, crit_t = aot.compiled(*_converge_args(data, target - TARGET_GAP * abs(target)))
-    with tempfile.TemporaryDirectory() as cache:
-        _fresh_process(cache, repeat, target)  # fills the cache
-        warm = _fresh_process(cache, repeat, target)
-    compile_s = aot.lower_seconds + aot.compile_seconds
-    med = lambda xs: float(np.median(xs))  # noqa: E731
-    p_conv, p_target = med([r[1] for r in runs]), med([r[3][k_p] for r in runs])
-    j_conv, j_target = med(jax_conv), med(jax_target)
-    return dict(
-        n=data.shape[0], p=data.shape[1], repeats=cfg.race_repeats, torch_threads=torch.get_num_threads(),
+    _, _, crit_t = ours.compiled(*_converge_args(data, target - TARGET_GAP * abs(target)))
+    compile_s = ours.lower_seconds + ours.compile_seconds
+    med = {k: float(np.median(v)) for k, v in runs.items()}
+    ratios = {  # per round: pyPLNmodels' time over the JAX time measured beside it
+        "speedup_converge_compile_excluded": [a / b for a, b in zip(runs["pyplnmodels_seconds"], runs["jax_seconds"])],
+        "speedup_target_compile_excluded": [a / b for a, b in zip(runs["pyplnmodels_seconds_to_target"],
+                                                                  runs["jax_seconds_to_target"])],
+        "speedup_part1_converge_compile_excluded": [a / b for a, b in zip(runs["pyplnmodels_seconds"],
+                                                                          runs["jax_part1_seconds"])],
+    }
+    out = dict(
+        n=data.shape[0], p=data.shape[1], fit=fit, repeats=repeats, torch_threads=torch.get_num_threads(),
         target_elbo=target, pyplnmodels_iterations=len(p_elbos), pyplnmodels_iters_to_target=k_p + 1,
-        pyplnmodels_seconds=p_conv, pyplnmodels_seconds_to_target=p_target, pyplnmodels_elbos=p_elbos.tolist(),
-        pyplnmodels_running_seconds=p_times.tolist(),
+        pyplnmodels_seconds=med["pyplnmodels_seconds"], pyplnmodels_seconds_to_target=med["pyplnmodels_seconds_to_target"],
+        pyplnmodels_elbos=p_elbos.tolist(), pyplnmodels_running_seconds=p_times.tolist(),
         jax_iterations=len(j_elbos), jax_final_elbo=float(j_elbos[-1]), jax_iters_to_target=int(crit_t.count),
-        jax_elbos=j_elbos.tolist(), jax_seconds=j_conv, jax_seconds_to_target=j_target,
-        jax_compile_seconds=compile_s, jax_fresh_process_cached_seconds=warm["first_call_seconds"],
-        speedup_converge_compile_excluded=p_conv / j_conv,
-        speedup_converge_compile_included=p_conv / (j_conv + compile_s),
-        speedup_converge_cache_warm=p_conv / warm["first_call_seconds"],
-        speedup_target_compile_excluded=p_target / j_target,
-        speedup_target_compile_included=p_target / (j_target + compile_s),
+        jax_elbos=j_elbos.tolist(), jax_seconds=med["jax_seconds"], jax_seconds_to_target=med["jax_seconds_to_target"],
+        jax_part1_seconds=med["jax_part1_seconds"], jax_compile_seconds=compile_s,
+        speedup_converge_compile_excluded=med["pyplnmodels_seconds"] / med["jax_seconds"],
+        speedup_converge_compile_included=med["pyplnmodels_seconds"] / (med["jax_seconds"] + compile_s),
+        speedup_target_compile_excluded=med["pyplnmodels_seconds_to_target"] / med["jax_seconds_to_target"],
+        speedup_target_compile_included=med["pyplnmodels_seconds_to_target"] / (med["jax_seconds_to_target"] + compile_s),
+        speedup_part1_converge_compile_excluded=med["pyplnmodels_seconds"] / med["jax_part1_seconds"],
+        runs=runs, spread={**{k: _spread(v) for k, v in runs.items()}, **{k: _spread(v) for k, v in ratios.items()}},
     )
+    if fresh_process:
+        with tempfile.TemporaryDirectory() as folder:
+            data_file = os.path.join(folder, "data.npz")
+            np.savez(data_file, **data_np._asdict())
+            flags = ("--cache-run", os.path.join(folder, "cache"), "--data", data_file, "--target", repr(target), "--fit", fit)
+            _fresh_process(*flags)  # fills the cache
+            warm = _fresh_process(*flags)
+        out["jax_fresh_process_cached_seconds"] = warm["first_call_seconds"]
+        out["speedup_converge_cache_warm"] = med["pyplnmodels_seconds"] / warm["first_call_seconds"]
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cache-run", metavar="DIR", help="time the first call with the persistent cache in DIR")
-    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--cache-run", metavar="DIR", help="(race's own) time the first call with the persistent cache in DIR")
+    parser.add_argument("--data", help="(with --cache-run) the .npz file of the data")
+    parser.add_argument("--fit", choices=FITS, default="fast", help="the JAX fit (default: Part V's)")
     parser.add_argument("--target", type=float, default=math.inf)
+    parser.add_argument("--first-fit", action="store_true", help="(first_fits' own) time this process' first two fits")
+    parser.add_argument("--cold", type=int, metavar="N", help="pyPLNmodels' first and second fit in N fresh processes")
+    parser.add_argument("--repeat", type=int, default=1, help="oaks stacked this many times (--first-fit, --cold)")
     args = parser.parse_args(argv)
     if args.cache_run:
-        print(json.dumps(cache_run(args.cache_run, args.repeat, args.target)))
+        print(json.dumps(cache_run(args.cache_run, args.data, args.target, args.fit)))
+    elif args.first_fit:
+        data = pln.load_oaks_counts(args.repeat)
+        print(json.dumps({"first_fit_seconds": fit_pyplnmodels(data)[1], "second_fit_seconds": fit_pyplnmodels(data)[1]}))
+    elif args.cold:
+        print(json.dumps(first_fits(args.cold, args.repeat), indent=2))
     else:
-        print(json.dumps({k: v for k, v in race().items() if not isinstance(v, list)}, indent=2))
+        result = race(fit=args.fit)
+        print(json.dumps({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, indent=2))
+        print(json.dumps(result["spread"], indent=2))
 
 
 if __name__ == "__main__":
