@@ -317,6 +317,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--first-fit", action="store_true", help="(first_fits' own) time this process' first two fits")
     parser.add_argument("--cold", type=int, metavar="N", help="pyPLNmodels' first and second fit in N fresh processes")
     parser.add_argument("--repeat", type=int, default=1, help="oaks stacked this many times (--first-fit, --cold)")
+    parser.add_argument("--scrna", type=int, nargs=2, metavar=("CELLS", "GENES"),
+                        help="race on pyPLNmodels' single-cell counts instead of oaks")
+    parser.add_argument("--rounds", type=int, help="rounds of the race (default: the size's)")
     args = parser.parse_args(argv)
     if args.cache_run:
         print(json.dumps(cache_run(args.cache_run, args.data, args.target, args.fit)))
@@ -326,7 +329,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cold:
         print(json.dumps(first_fits(args.cold, args.repeat), indent=2))
     else:
-        result = race(fit=args.fit)
+        data = pln.load_scrna_counts(*args.scrna) if args.scrna else None
+        result = race(data, fit=args.fit, repeats=args.rounds, fresh_process=not args.scrna)
         print(json.dumps({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, indent=2))
         print(json.dumps(result["spread"], indent=2))
 
