@@ -8,6 +8,12 @@ sphinx_book_theme/header_buttons/launch.py). This extension rewrites that link t
 ``.github/workflows/notebooks.yml`` generates (``python -m fastjax.colab``) on every push to main.
 The org and repository come from ``repository.url`` in ``_config.yml``.
 
+**The repository.** ``repository.url`` of ``_config.yml`` is the default; ``FASTJAX_REPOSITORY``
+(``OWNER/NAME`` or the URL; the workflows set it to the repository they run in) replaces it for the
+repository, issues and Colab buttons, so that a fork's site opens the fork
+(``fastjax.colab.repository_url`` reads it, for the Colab notebooks too). Page text that writes the
+default URL (the workshop's ``git clone``) gets the one in use.
+
 **Scripts.** Sphinx 7.4 writes an inline script twice when an extension adds it after the builder
 started (once with filename ``None``, once with ``''``); sphinx-thebe's ``const THEBE_JS_URL = ...``
 then throws "already declared" on every page (no setting turns sphinx-thebe's script off while the
@@ -71,7 +77,32 @@ def drop_duplicate_scripts(app: Sphinx, pagename: str, templatename: str, contex
         context["script_files"] = kept
 
 
+def follow_repository(app: Sphinx, config: Any) -> None:
+    """On ``config-inited``: the repository in use (``FASTJAX_REPOSITORY``, else ``_config.yml``'s) for every button."""
+    from fastjax.colab import repository_url
+
+    options = config.html_theme_options
+    default = options.get("repository_url", "")
+    if not default:
+        return  # no repository buttons
+    try:
+        options["repository_url"] = repository_url(default)
+    except ValueError as e:
+        raise ExtensionError(str(e)) from e
+    app.fastjax_default_repository = default  # for name_repository_in_pages
+
+
+def name_repository_in_pages(app: Sphinx, docname: str, source: list[str]) -> None:
+    """On ``source-read``: where the repository in use is not the default, page text names the one in use."""
+    default = getattr(app, "fastjax_default_repository", "")
+    repository = app.config.html_theme_options.get("repository_url", "")
+    if default and repository != default:
+        source[0] = source[0].replace(default, repository)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
+    app.connect("config-inited", follow_repository)
+    app.connect("source-read", name_repository_in_pages)
     app.connect("html-page-context", rewrite_colab_button, priority=600)
     app.connect("html-page-context", drop_duplicate_scripts, priority=600)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

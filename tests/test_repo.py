@@ -91,9 +91,22 @@ def test_requires_python_matches_the_legs():
     assert meta["project"]["name"] == "fastjax" and meta["project"]["requires-python"] == ">=3.11"
 
 
-def test_repository_url_is_written_once_for_the_site_and_once_for_colab():
-    config = __import__("yaml").safe_load((ROOT / "_config.yml").read_text())
-    assert config["repository"]["url"] == colab.REPOSITORY
+def test_repository_url_is_written_once_and_the_workflows_fill_it_from_their_repository(monkeypatch):
+    """_config.yml holds the default (local builds); the site's buttons and the Colab notebooks follow
+    FASTJAX_REPOSITORY, which every workflow sets to the repository it runs in (a fork's to the fork)."""
+    import yaml
+
+    monkeypatch.delenv(colab.REPOSITORY_ENV, raising=False)
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert colab.repository_url(root=ROOT) == config["repository"]["url"]
+    assert not hasattr(colab, "REPOSITORY"), "the URL is read from _config.yml, not written again in colab.py"
+    for wf in WORKFLOWS:
+        doc = yaml.safe_load(wf.read_text())
+        assert doc.get("env", {}).get(colab.REPOSITORY_ENV) == "${{ github.repository }}", (
+            f"{wf.name} must set {colab.REPOSITORY_ENV}: ${{{{ github.repository }}}} (workflow-level env)")
+    runs = "\n".join(step.get("run", "") for wf in WORKFLOWS for job in yaml.safe_load(wf.read_text())["jobs"].values()
+                     for step in job.get("steps", []))
+    assert "build-book.sh" in runs and "python -m fastjax.colab" in runs  # what follows it: the site, the notebooks
 
 
 def tool(name: str) -> str | None:

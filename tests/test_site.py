@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from conftest import EXECUTED, ROOT, toc_files
+from fastjax.colab import repository_url
 
 pytestmark = [pytest.mark.site]
 
@@ -469,9 +470,15 @@ def _has_code(nb: dict | None) -> bool:
 
 
 def _colab_target() -> str:
-    config = yaml.safe_load((ROOT / "_config.yml").read_text())
-    org_repo = urlparse(config["repository"]["url"]).path.strip("/")
+    org_repo = urlparse(repository_url(root=ROOT)).path.strip("/")  # FASTJAX_REPOSITORY, else _config.yml's
     return f"https://colab.research.google.com/github/{org_repo}/blob/notebooks/"
+
+
+def test_repository_buttons_open_the_repository_in_use(visits):
+    """_config.yml's repository, or FASTJAX_REPOSITORY's where the workflows set it (a fork's site opens the fork)."""
+    url = repository_url(root=ROOT)
+    links = visits[PAGES[0]].links
+    assert url in links and any(link.startswith(f"{url}/issues/new") for link in links), links
 
 
 @pytest.mark.parametrize("name", PAGES)

@@ -2,7 +2,7 @@
 
 The chapter sources (``chapters/**/*.md``) carry the lesson only. Colab cannot open MyST markdown,
 so ``python -m fastjax.colab OUT`` writes every chapter of ``_toc.yml`` as a notebook under ``OUT``
-with ``INSTALL_CELL`` put first; the notebooks workflow pushes them to the ``notebooks`` branch
+with the install cell put first; the notebooks workflow pushes them to the ``notebooks`` branch
 that the book's Colab buttons open.
 
 The install cell installs what Colab lacks (this package with its examples extra: Equinox,
@@ -10,17 +10,26 @@ pyPLNmodels, scikit-learn). It keeps Colab's own jax/jaxlib when they are recent
 book, so that nothing downgrades them; when they are older than ``JAX_MIN`` it upgrades JAX and says
 so. Outside Colab it does nothing, unless ``FASTJAX_FORCE_INSTALL=1`` (the tests set it, with
 ``FASTJAX_SOURCE`` pointing at a local checkout).
+
+**The repository** is written in one place, ``repository.url`` of ``_config.yml``. ``FASTJAX_REPOSITORY``
+(``OWNER/NAME``, as GitHub's ``GITHUB_REPOSITORY`` gives it, or the URL) replaces it: the workflows set
+it to the repository they run in, so that a fork's notebooks install from the fork and its site's
+buttons (``_ext/fastjax_book.py``) open the fork. A page that writes the default URL (the workshop's
+``git clone``) gets the repository in use instead, in its notebook and on its page.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 from pathlib import Path
 
-REPOSITORY = "https://github.com/fastjax-book/fastjax"  # also repository.url in _config.yml (a test checks)
+REPOSITORY_ENV = "FASTJAX_REPOSITORY"
 JAX_MIN = "0.10.2"  # the oldest JAX the book is run with; pyproject.toml's lower bound (a test checks)
+GITHUB_REPOSITORY = re.compile(r"(?:https://github\.com/)?([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+?)(?:\.git)?/?")
 
-INSTALL_CELL = f'''\
+INSTALL_TEMPLATE = '''\
 # Colab only: install this book's helper package and what Colab lacks (locally: see README.md).
 import os, re, subprocess, sys
 if "google.colab" in sys.modules or os.environ.get("FASTJAX_FORCE_INSTALL") == "1":
@@ -44,6 +53,31 @@ if "google.colab" in sys.modules or os.environ.get("FASTJAX_FORCE_INSTALL") == "
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"fastjax[examples] @ {{source}}", *pins], check=True)
     if "jax" in sys.modules and installed("jax") != jax_now:
         print("JAX was already imported in this runtime: restart it (Runtime > Restart session), then run on.")'''
+
+
+def install_cell(repository: str | None = None) -> str:
+    """The Colab install cell, installing this package from ``repository`` (default: ``repository_url()``)."""
+    return INSTALL_TEMPLATE.format(JAX_MIN=JAX_MIN, REPOSITORY=repository or repository_url())
+
+
+def config_repository_url(root: Path | None = None) -> str:
+    """``repository.url`` of the book's ``_config.yml``: the one place the repository is written."""
+    import yaml
+
+    config = yaml.safe_load((find_root(root) / "_config.yml").read_text())
+    return config["repository"]["url"]
+
+
+def repository_url(default: str | None = None, root: Path | None = None) -> str:
+    """The book's GitHub repository URL: ``FASTJAX_REPOSITORY`` when set (``OWNER/NAME`` or
+    ``https://github.com/OWNER/NAME``), else ``default``, else ``config_repository_url(root)``."""
+    value = os.environ.get(REPOSITORY_ENV, "").strip()
+    if not value:
+        return default or config_repository_url(root)
+    match = GITHUB_REPOSITORY.fullmatch(value)
+    if match is None:
+        raise ValueError(f"{REPOSITORY_ENV} must be OWNER/NAME or https://github.com/OWNER/NAME, not {value!r}")
+    return f"https://github.com/{match.group(1)}"
 
 
 def find_root(start: Path | None = None) -> Path:
@@ -78,14 +112,21 @@ def toc_files(root: Path | None = None) -> list[str]:
 
 
 def colab_notebook(chapter: Path):
-    """The chapter (a MyST ``.md``) as a plain notebook whose first cell is ``INSTALL_CELL``."""
+    """The chapter (a MyST ``.md``) as a plain notebook whose first cell is ``install_cell()``; where the
+    repository in use is not ``_config.yml``'s, its markdown names the one in use."""
     import jupytext
     import nbformat
 
     nb = jupytext.read(chapter)
     nb.metadata.pop("jupytext", None)  # a plain notebook: no link back to a .md file
+    default = config_repository_url(chapter.parent)
+    repository = repository_url(default)
+    if repository != default:
+        for cell in nb.cells:
+            if cell.cell_type == "markdown":
+                cell.source = cell.source.replace(default, repository)
     if any(c.cell_type == "code" for c in nb.cells):
-        nb.cells.insert(0, nbformat.v4.new_code_cell(INSTALL_CELL, metadata={"tags": ["colab-install"]}))
+        nb.cells.insert(0, nbformat.v4.new_code_cell(install_cell(repository), metadata={"tags": ["colab-install"]}))
     return nb
 
 
