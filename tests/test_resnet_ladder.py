@@ -70,7 +70,8 @@ def test_measure_ladder_shape(monkeypatch):
     monkeypatch.setattr(B, "settings", lambda: type("S", (), dict(
         config=CONFIG, batch=BATCH, steps=N_STEPS, repeats=1, size="quick"))())
     out = B.measure_ladder(names=("nnx.jit", "split/merge"), repeats=1)
-    assert set(out) == {"rungs", "floor", "dispatch_floor", "extra"}
+    assert set(out) == {"rungs", "floor", "floor_fast", "dispatch_floor", "extra"}
+    assert out["floor_fast"].name == B.FASTER_FLOOR and out["floor_fast"].median > 0
     assert [t.name for t in out["rungs"]] == ["nnx.jit", "split/merge"]
     assert out["extra"]["traces"] == {"nnx.jit": 1, "split/merge": 1, "floor": 1}
 

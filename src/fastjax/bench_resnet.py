@@ -28,6 +28,9 @@ LADDER = ("no-jit", "nnx.jit", "eqx.filter_jit", "split/merge", "nnx.cached_part
           "eqx pytree + jax.jit")
 
 
+FASTER_FLOOR = "Part V floor: small convolutions as products"
+
+
 def dispatch_floor() -> Callable[[], jax.Array]:
     """The cheapest jitted call: the identity on a scalar already on the device."""
     ident, x = jax.jit(lambda a: a), jnp.zeros(())
@@ -38,7 +41,8 @@ def measure_ladder(names: tuple[str, ...] | None = None, repeats: int | None = N
     """Seconds per train step of every rung, side by side in one run (round robin), with the
     floor and the dispatch floor, in the sizes in force. Steps are dispatched back to back
     (waiting on the last one): a training loop's view.
-    Returns ``{"rungs": [Timing], "floor": Timing, "dispatch_floor": Timing, "extra": {...}}``."""
+    Part V's faster floor step (same weights, same batch) runs in the same turns.
+    Returns ``{"rungs": [Timing], "floor": Timing, "floor_fast": Timing, "dispatch_floor": Timing, "extra": {...}}``."""
     s = settings()
     names = names or LADDER
     repeats = repeats or s.repeats
@@ -50,6 +54,8 @@ def measure_ladder(names: tuple[str, ...] | None = None, repeats: int | None = N
         fns[name] = (lambda r=rung, a=args: r.run(*a))
         per[name] = rung.steps_per_call
     fns["dispatch floor"] = dispatch_floor()
+    fns[FASTER_FLOOR] = _floor_steps(s.config, xs[0], ys[0])[0]["faster floor"]  # Part V's, same weights
+    per[FASTER_FLOOR] = 1
     slow = {n: fns.pop(n) for n in list(fns) if n == "no-jit"}
     timings = time_interleaved(fns, repeats, per)
     if slow:  # eager steps take 10⁴× longer: timed apart, with fewer repeats
@@ -57,7 +63,7 @@ def measure_ladder(names: tuple[str, ...] | None = None, repeats: int | None = N
     extra = {"config": vars(s.config).copy(), "batch": s.batch, "scan_k": SCAN_K, "size": s.size,
              "traces": {n: r.traces.count for n, r in rungs.items() if r.traces is not None},
              "floor_leaves": rungs["floor"].extra["leaves"]}
-    return {"rungs": [timings[n] for n in names], "floor": timings["floor"],
+    return {"rungs": [timings[n] for n in names], "floor": timings["floor"], "floor_fast": timings[FASTER_FLOOR],
             "dispatch_floor": timings["dispatch floor"], "extra": extra}
 
 
@@ -266,3 +272,31 @@ def trace_ops(trace_file: str | Path, hlo: str) -> list[dict[str, Any]]:
     from fastjax import profiling
 
     return profiling.top_ops(profiling.read_trace(trace_file), hlo)
+
+
+def _floor_steps(config: ResNetConfig, x: Any, y: Any) -> tuple[dict[str, Callable[[], Any]], Any]:
+    """Part II's floor step and Part V's faster floor step (``fastjax.rungs.floor.faster_floor_step``,
+    chapters/floor/03-resnet-floor.md), jitted, from the same weights, as calls on one batch; checked
+    to give the same first loss (``resnet_ladder.FIRST_LOSS_RTOL``)."""
+    from fastjax import resnet_ladder
+    from fastjax.rungs import floor as FL  # imported here: the floor part also holds the PLN rungs
+
+    model = resnet_nnx.make_model(config, seed=0)
+    graphdef, treedef, leaves = R.floor_start(model, nnx.Optimizer(model, R.TX, wrt=nnx.Param))
+    steps = {"floor": jax.jit(R.floor_step(graphdef, treedef)),
+             "faster floor": jax.jit(FL.faster_floor_step(graphdef, treedef))}
+    first = {name: np.asarray(step(leaves, x, y)[1])[None] for name, step in steps.items()}
+    resnet_ladder.assert_same_losses(first["faster floor"], first["floor"], "faster floor")
+    return {name: (lambda st=st: st(leaves, x, y)) for name, st in steps.items()}, leaves
+
+
+def measure_floor(config: ResNetConfig | None = None, batch: int | None = None,
+                  repeats: int | None = None) -> list[Timing]:
+    """Seconds per train step of Part II's floor and Part V's faster floor, side by side in one run, from
+    the same weights on the same batch, in the sizes in force. Returns ``[floor, faster floor]``."""
+    s = settings()
+    config, batch, repeats = config or s.config, batch or s.batch, repeats or s.repeats
+    x, y = (jnp.asarray(a[0]) for a in training_batches(1, batch))
+    calls, _ = _floor_steps(config, x, y)
+    t = time_interleaved(calls, repeats)
+    return [t["floor"], t["faster floor"]]

@@ -1,0 +1,112 @@
+"""Part V's faster ResNet floor (chapters/floor/03-resnet-floor.md): the same network and losses as
+Part II's floor, convolutions as patches @ kernel where they give the same numbers, bad batches refused."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from fastjax import bench_resnet, resnet_ladder, resnet_nnx
+from fastjax.resnet_nnx import ResNetConfig
+from fastjax.rungs import floor as FL
+from fastjax.rungs import resnet as R
+
+# Three stages, so that the last two (4×4 and 2×2 images) take the patches path; narrow, one block per
+# stage and a small batch keep the compilations short.
+CONFIG = ResNetConfig(width=4, stages=3, blocks=1)
+N_STEPS, BATCH = 5, 16
+
+
+def _start():
+    model = resnet_nnx.make_model(CONFIG, seed=0)
+    return R.floor_start(model, nnx.Optimizer(model, R.TX, wrt=nnx.Param))
+
+
+def _run(step, leaves, xs, ys):
+    jitted, losses = jax.jit(step), []
+    for x, y in zip(xs, ys):
+        leaves, loss = jitted(leaves, x, y)
+        losses.append(loss)
+    return np.array(losses), leaves
+
+
+@pytest.fixture(scope="module")
+def batches():
+    return tuple(jnp.asarray(a) for a in resnet_ladder.training_batches(N_STEPS, BATCH))
+
+
+def test_faster_floor_gives_the_floors_losses_and_weights(batches):
+    graphdef, treedef, leaves = _start()
+    ref, ref_leaves = _run(R.floor_step(graphdef, treedef), leaves, *batches)
+    ours, our_leaves = _run(FL.faster_floor_step(graphdef, treedef), leaves, *batches)
+    resnet_ladder.assert_same_losses(ours, ref, "faster floor")
+    weights = lambda ls: resnet_nnx.weights(nnx.merge(graphdef, jax.tree.unflatten(treedef, ls))[0])  # noqa: E731
+    resnet_ladder.assert_same_weights(weights(our_leaves), weights(ref_leaves), N_STEPS)
+    assert len(our_leaves) == len(ref_leaves)
+
+
+def test_the_faster_floor_has_no_slow_layout_convolutions(batches):
+    graphdef, treedef, leaves = _start()
+    xs, ys = batches
+    hlo = {name: jax.jit(step(graphdef, treedef)).lower(leaves, xs[0], ys[0]).compile().as_text()
+           for name, step in (("floor", R.floor_step), ("faster", FL.faster_floor_step))}
+    assert "01fb_o01i->f01b" in hlo["floor"]  # the slow layout this page removes (as measured with jaxlib 0.10.2)
+    assert "dim_labels=01fb" not in hlo["faster"]
+
+
+@pytest.mark.parametrize("k, stride, pad", [(3, 1, 1), (3, 2, 1), (1, 2, 0)])
+def test_conv_as_matmul_is_the_convolution(k, stride, pad):
+    x = jax.random.normal(jax.random.key(0), (8, 4, 4, 6))
+    w = jax.random.normal(jax.random.key(1), (k, k, 6, 12)) / np.sqrt(k * k * 6)
+    args = ((stride, stride), ((pad, pad), (pad, pad)))
+    ref = jax.lax.conv_general_dilated(x, w, *args, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    # O(1) outputs, sums of at most 54 float32 products in another order: rounding of ~1e-7
+    np.testing.assert_allclose(np.asarray(FL.conv_as_matmul(x, w, *args)), np.asarray(ref), atol=1e-5)
+
+
+def test_large_images_keep_xla_convolution():
+    conv = FL.small_convs_as_matmul(max_side=4)
+    x = jnp.ones((2, 8, 8, 3))
+    w = jnp.ones((3, 3, 3, 5))
+    dims = jax.lax.conv_dimension_numbers(x.shape, w.shape, ("NHWC", "HWIO", "NHWC"))
+    lowered = jax.jit(lambda a, b: conv(a, b, (1, 1), ((1, 1), (1, 1)), dimension_numbers=dims)).lower(x, w)
+    assert "convolution" in lowered.as_text()
+    small = jax.jit(lambda a, b: conv(a, b, (1, 1), ((1, 1), (1, 1)), dimension_numbers=dims)).lower(x[:, :4, :4], w)
+    assert "convolution" not in small.as_text() and "dot_general" in small.as_text()
+
+
+@pytest.fixture(scope="module")
+def checked():
+    graphdef, treedef, leaves = _start()
+    return FL.checked_step(FL.faster_floor_step(graphdef, treedef)), leaves
+
+
+def test_checked_step_runs_a_good_batch(checked, batches):
+    step, leaves = checked
+    xs, ys = batches
+    _, loss = step(leaves, xs[0], ys[0])
+    assert np.isfinite(float(loss))
+
+
+@pytest.mark.parametrize("images, labels, error, match", [
+    (np.zeros((4, 8, 8)), np.zeros(4, np.int32), ValueError, "shape"),
+    (np.zeros((4, 28, 28, 1)), np.zeros(4, np.int32), ValueError, "shape"),
+    (np.zeros((4, 8, 8, 1), np.int32), np.zeros(4, np.int32), TypeError, "floating"),
+    (np.zeros((4, 8, 8, 1), np.float32), np.array([0, 1, 10, 2]), ValueError, r"\[0, 10\)"),
+    (np.zeros((4, 8, 8, 1), np.float32), np.array([0, -1, 3, 2]), ValueError, r"\[0, 10\)"),
+    (np.zeros((4, 8, 8, 1), np.float32), np.zeros(4, np.float32), TypeError, "integer"),
+    (np.zeros((4, 8, 8, 1), np.float32), np.zeros(3, np.int32), ValueError, "same length"),
+])
+def test_checked_step_refuses_bad_batches(checked, images, labels, error, match):
+    step, leaves = checked
+    with pytest.raises(error, match=match):
+        step(leaves, images, labels)
+
+
+def test_measure_floor_times_both_floors():
+    floor, faster = bench_resnet.measure_floor(CONFIG, BATCH, repeats=2)
+    assert floor.name == "floor" and faster.name == "faster floor"
+    assert floor.median > 0 and faster.median > 0
