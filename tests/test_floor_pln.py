@@ -77,9 +77,14 @@ def fastjax_rprop(lr, **kw):
     return rprop(lr, **kw)
 
 
-def test_fast_fit_is_part1_fit_with_the_hand_gradient(data):
+@pytest.mark.parametrize("repeat", [1, 10])  # 13,224 entries of M (torch's state) and 132,240 (packed)
+def test_fast_fit_is_part1_fit_with_the_hand_gradient(repeat):
+    data = pln.to_jax(pln.load_oaks_counts(repeat))
+    assert (data.counts.size >= F.PACKED_FROM) == (repeat == 10)
     args = (pln.start(data), data, jnp.float32(0), jnp.float32(math.inf))
     _, part1, _ = R.fit_until_converged(*args, maxiter=40, loss=F.loss_by_hand)
+    _, packed, _ = R.fit_until_converged(*args, maxiter=40, loss=F.loss_by_hand, optimizer=F.fast_optimizer)
+    np.testing.assert_array_equal(np.asarray(part1), np.asarray(packed))  # torch's rule, packed: the same numbers
     (m, s), fast, crit = F.fit_fast(*args, maxiter=40)
     np.testing.assert_array_equal(np.asarray(part1), np.asarray(fast))  # same operations on the same numbers
     assert int(crit.count) == 40 and m.shape == s.shape == data.counts.shape

@@ -147,11 +147,16 @@ def fast_optimizer() -> optax.GradientTransformation:
     return rprop_packed(pln.LR, step_sizes=pln.STEP_SIZES)
 
 
+PACKED_FROM = 2**17  # entries of M from which the fit packs its state (smaller: slower, see "The new floor")
+
+
 @functools.partial(jax.jit, static_argnames="maxiter")
 def fit_fast(params: tuple[Any, Any], data: pln.PlnData, tol: Any, target: Any,
              maxiter: int = pln.MAXITER) -> tuple[tuple[Any, Any], Any, pln.Criterion]:
-    """Part I's while_loop fit (same stopping rule, same outputs) with the hand gradient and the packed Rprop."""
-    return R.fit_until_converged(params, data, tol, target, maxiter, loss=loss_by_hand, optimizer=fast_optimizer)
+    """Part I's while_loop fit (same stopping rule, same outputs) with the hand gradient, and the packed
+    Rprop where M has at least ``PACKED_FROM`` entries (torch's state below: the same numbers either way)."""
+    optimizer = fast_optimizer if params[0].size >= PACKED_FROM else pln.optimizer
+    return R.fit_until_converged(params, data, tol, target, maxiter, loss=loss_by_hand, optimizer=optimizer)
 
 
 # ---------------------------------------------------------------- chapters/floor/03-resnet-floor.md
