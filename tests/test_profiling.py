@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from fastjax import profiling
+from fastjax.tools import profiling
 
 
 def chain(x):

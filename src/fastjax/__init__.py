@@ -2,7 +2,7 @@
 
 It holds what is not the lesson itself: the size switch, the timing harness, plots, input
 checks, and (in later modules) the data and model maths of the two examples. Importing it
-first applies a workaround for a jaxlib CPU miscompile before JAX starts (see ``_workaround``), and
+first applies a workaround for a jaxlib CPU miscompile before JAX starts (see ``fastjax.setup.workaround``), and
 lets OpenBLAS's idle threads sleep instead of spinning (``OPENBLAS_THREAD_TIMEOUT``, below).
 """
 
@@ -18,7 +18,7 @@ import os
 # Python started wins.
 OPENBLAS_THREAD_TIMEOUT = os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
-from fastjax._workaround import apply_cpu_workaround, workaround_active  # noqa: E402
+from fastjax.setup.workaround import apply_cpu_workaround, workaround_active  # noqa: E402
 
 CPU_WORKAROUND = apply_cpu_workaround()
 

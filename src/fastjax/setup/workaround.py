@@ -159,7 +159,7 @@ def apply_cpu_workaround() -> bool:
     if result is None or result.error_without is None:
         if result is not None:
             _warn(f"fastjax could not check jaxlib {result.jaxlib} for its CPU miscompile ({result.note}); "
-                  "no fix applied. Run `python -m fastjax.doctor` to see whether sums are right.")
+                  "no fix applied. Run `python -m fastjax.setup.doctor` to see whether sums are right.")
         return False
     if not result.needs_flag:
         if result.buggy:

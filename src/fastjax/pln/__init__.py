@@ -28,6 +28,7 @@ from fastjax import checks
 LR = 0.01  # pyPLNmodels' default learning rate
 STEP_SIZES = (1e-10, 50.0)  # pyPLNmodels' Rprop step-size bounds (torch's default minimum is 1e-6)
 MAXITER, TOL, BETA = 400, 1e-6, 0.03  # pyPLNmodels' defaults: iteration cap, criterion tolerance, smoothing
+TARGET_GAP = 5e-4  # the book's "same fit" ("reached"): a final ELBO within 0.05 % of the reference fit's
 
 
 class PlnData(NamedTuple):
@@ -257,8 +258,8 @@ def loss(params: tuple[Any, Any], data: PlnData) -> Any:
 
 
 def optimizer(lr: float = LR) -> Any:
-    """pyPLNmodels' optimizer: torch's Rprop (``fastjax.rprop``), learning rate ``lr``, steps in [1e-10, 50]."""
-    from fastjax.rprop import rprop
+    """pyPLNmodels' optimizer: torch's Rprop (``fastjax.pln.rprop``), learning rate ``lr``, steps in [1e-10, 50]."""
+    from fastjax.pln.rprop import rprop
 
     return rprop(lr, step_sizes=STEP_SIZES)
 
