@@ -61,7 +61,7 @@ def test_probe_is_cached_per_jaxlib(probe, tmp_path, monkeypatch):
 
 def fake(monkeypatch, result: workaround.Probe | None, started: bool = False, flags: str = "") -> None:
     monkeypatch.setattr(workaround, "probe", lambda refresh=False, timeout=120.0: result)
-    monkeypatch.setattr(workaround, "_backend_started", lambda: started)
+    monkeypatch.setattr(workaround, "backend_started", lambda: started)
     monkeypatch.setenv("XLA_FLAGS", flags)
     monkeypatch.delenv(workaround.DISABLE_ENV, raising=False)
 
@@ -112,3 +112,34 @@ def test_an_unknown_flag_is_caught_by_the_probe_not_by_an_abort(monkeypatch):
     monkeypatch.setattr(workaround, "WORKAROUND_FLAG", "--xla_no_such_flag_for_fastjax=1")
     error, why = workaround._run_probe(workaround.WORKAROUND_FLAG, timeout=120)
     assert error is None and why.startswith("exit")
+
+
+BACKEND = r"""
+import json, sys, fastjax
+from fastjax.setup import workaround
+unimported = workaround.backend_started()
+jax_loaded = "jax" in sys.modules
+import jax
+count = jax.config.jax_num_cpu_devices
+before = workaround.backend_started()
+same = jax.config.jax_num_cpu_devices == count
+jax.numpy.ones(1).block_until_ready()
+print(json.dumps([unimported, jax_loaded, before, same, workaround.backend_started(), len(jax.devices("cpu"))]))
+"""
+
+
+def test_backend_started_tells_without_starting_it_or_importing_jax():
+    """False before the first computation (JAX not imported, or imported), leaving jax_num_cpu_devices as
+    it was, so the backend starts with its default one CPU device; True after it."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    out = subprocess.run([sys.executable, "-c", BACKEND], env={**clean, "JAX_PLATFORMS": "cpu"},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, False, False, True, True, 1]
+
+
+def test_cache_file_is_per_jaxlib_and_python(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    a, b = workaround.cache_file("1.2.3"), workaround.cache_file("1.2.4")
+    assert a != b and a.parent == b.parent == tmp_path / "fastjax"
+    assert "1.2.3" in a.name and f"py{sys.version_info.major}.{sys.version_info.minor}" in a.name

@@ -10,25 +10,15 @@ the imports works. Everything else here needs the backend and starts it.
 from __future__ import annotations
 
 import re
-import sys
 from typing import Any
 
 import numpy as np
 
 from fastjax import checks
+from fastjax.setup.workaround import backend_started  # True once JAX has created its devices
 
 AXIS = "samples"  # the mesh axis the PLN samples (and the ResNet batch) are split over
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-
-
-def backend_started() -> bool:
-    """True once JAX has created its devices in this process (after the first JAX computation)."""
-    if "jax" not in sys.modules:
-        return False
-    # private: JAX has no public "has the backend started" query
-    from jax._src import xla_bridge
-
-    return bool(xla_bridge.backends_are_initialized())
 
 
 def use_cpu_devices(n: int) -> int:
