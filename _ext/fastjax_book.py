@@ -5,13 +5,13 @@ to the page's source file, ``{colab_url}/github/{org}/{repo}/blob/{branch}/{page
 ``launch_buttons`` settings choose the service and branch, never the file; see
 sphinx_book_theme/header_buttons/launch.py). This extension rewrites that link to
 ``{colab_url}/github/{org}/{repo}/blob/{NOTEBOOKS_BRANCH}/{page}.ipynb``, the notebook that
-``.github/workflows/notebooks.yml`` generates (``python -m fastjax.colab``) on every push to main.
+``.github/workflows/notebooks.yml`` generates (``python -m fastjax.setup.colab``) on every push to main.
 The org and repository come from ``repository.url`` in ``_config.yml``.
 
 **The repository.** ``repository.url`` of ``_config.yml`` is the default; ``FASTJAX_REPOSITORY``
 (``OWNER/NAME`` or the URL; the workflows set it to the repository they run in) replaces it for the
 repository, issues and Colab buttons, so that a fork's site opens the fork
-(``fastjax.colab.repository_url`` reads it, for the Colab notebooks too). Page text that writes the
+(``fastjax.setup.colab.repository_url`` reads it, for the Colab notebooks too). Page text that writes the
 default URL (the workshop's ``git clone``) gets the one in use.
 
 **Scripts.** Sphinx 7.4 writes an inline script twice when an extension adds it after the builder
@@ -79,7 +79,7 @@ def drop_duplicate_scripts(app: Sphinx, pagename: str, templatename: str, contex
 
 def follow_repository(app: Sphinx, config: Any) -> None:
     """On ``config-inited``: the repository in use (``FASTJAX_REPOSITORY``, else ``_config.yml``'s) for every button."""
-    from fastjax.colab import repository_url
+    from fastjax.setup.colab import repository_url
 
     options = config.html_theme_options
     default = options.get("repository_url", "")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
-from fastjax.colab import toc_files  # noqa: E402
+from fastjax.setup.colab import toc_files  # noqa: E402
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Sphinx colours its output even in a pipe
 READING = re.compile(r"reading sources\.\.\. \[\s*\d+%\] (\S+)")

@@ -28,7 +28,7 @@ if ! wait "$tools"; then
 fi
 cat _build/tools-setup.log
 rm -rf _build/executed _build/measurements
-python -c "import fastjax.doctor as d; print('pinned leg:', d.versions_line())"
+python -c "import fastjax.setup.doctor as d; print('pinned leg:', d.versions_line())"
 # Phase 1: two workers; each part's chapters run in order on one worker (xdist groups).
 python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup --durations=12 -m "not site" "$@"
 # Phase 2: the book from phase 1's executed notebooks, the browser, the workflows. The newest leg's
@@ -55,6 +55,6 @@ export FASTJAX_LEG=newest
 source scripts/setup-env.sh  # puts .venv312/bin first on PATH
 python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' || { echo "newest leg: python is not 3.12"; exit 1; }
 rm -rf _build/executed _build/measurements
-python -c "import fastjax.doctor as d; print('newest leg:', d.versions_line())"
+python -c "import fastjax.setup.doctor as d; print('newest leg:', d.versions_line())"
 python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup --durations=12 -m "not site and not pinned" "$@"
 echo "newest leg: $((SECONDS - leg2)) s; both legs: $((SECONDS - started)) s"

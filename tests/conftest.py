@@ -14,7 +14,7 @@ os.environ.setdefault("FASTJAX_MEASUREMENTS", str(ROOT / "_build" / "measurement
 
 import pytest  # noqa: E402
 
-from fastjax.colab import toc_files as _toc_files  # noqa: E402
+from fastjax.setup.colab import toc_files as _toc_files  # noqa: E402
 
 
 def toc_files() -> list[str]:
@@ -30,9 +30,10 @@ def root() -> Path:
 @pytest.fixture(scope="session")
 def pyplnmodels_fit():
     """The unit tests' one pyPLNmodels fit: oaks, its defaults (float32, 400 iterations at most), as
-    ``fastjax.bench_pln.fit_pyplnmodels`` returns it: (model, seconds, ELBO per iteration, cumulative
+    ``fastjax.pln.bench.fit_pyplnmodels`` returns it: (model, seconds, ELBO per iteration, cumulative
     seconds). Tests that use it carry ``xdist_group("pyplnmodels")``, so that one worker fits once."""
     pytest.importorskip("torch", reason="pyPLNmodels needs torch, which the newest leg does not install")
-    from fastjax import bench_pln, pln
+    from fastjax import pln
+    from fastjax.pln import bench as bench_pln
 
     return bench_pln.fit_pyplnmodels(pln.load_oaks_counts())

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from fastjax import bench
-from fastjax.timing import Timing
+from fastjax.tools.timing import Timing
 
 
 def fake_ladder(part):

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import ROOT
-from fastjax import colab
+from fastjax.setup import colab
 
 pytest.importorskip("sphinx", reason="the book's extension needs Sphinx (the pinned leg's book extra)")
 sys.path.insert(0, str(ROOT / "_ext"))

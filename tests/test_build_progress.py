@@ -24,7 +24,7 @@ def test_a_line_per_executed_chapter_with_the_time_left(tmp_path):
         out = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_progress.py")], input=LOG,
                              capture_output=True, text=True, env=env, timeout=60, check=True).stdout
         lines = [ln for ln in out.splitlines() if ln.startswith("[")]
-        n = len(__import__("fastjax.colab").colab.toc_files(ROOT))
+        n = len(__import__("fastjax.setup.colab").setup.colab.toc_files(ROOT))
         assert lines[0].startswith(f"[1/{n}] chapters/cpu-bug executed in 30 s; about ")
         assert lines[1].startswith(f"[2/{n}] chapters/index executed in 2 s; about ")
         assert "from the mean so far" in lines[1] and record.is_file()

@@ -2,12 +2,12 @@
 
 A new virtual environment gets what Colab ships (jax, jaxlib, flax, optax, numpy, matplotlib, and
 ipykernel plus nbclient to run a notebook). A chapter is turned into the notebook Colab opens
-(``fastjax.colab.colab_notebook``: the install cell first) and executed there with
+(``fastjax.setup.colab.colab_notebook``: the install cell first) and executed there with
 ``FASTJAX_FORCE_INSTALL=1``, so that its first cell installs the rest (this book's package with its
 examples extra: Equinox, pyPLNmodels, torch, scikit-learn) from a copy of this checkout. One
 environment serves both cases a reader meets, in turn (one install of torch, not two):
 
-- **too old**: the environment starts with a JAX older than ``fastjax.colab.JAX_MIN``. The landing
+- **too old**: the environment starts with a JAX older than ``fastjax.setup.colab.JAX_MIN``. The landing
   page's install cell must upgrade it, say so, and end in a working kernel;
 - **current**: then Colab's JAX is recent enough. A PLN chapter (pyPLNmodels, torch, the fit) must
   run top to bottom, and its install cell must keep jax/jaxlib as they were (it never downgrades them).
@@ -27,7 +27,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from fastjax.colab import JAX_MIN, colab_notebook
+from fastjax.setup.colab import JAX_MIN, colab_notebook
 
 pytestmark = pytest.mark.pinned
 OLD_BASE = {"jax": "0.9.2", "jaxlib": "0.9.2", "flax": "0.12.0"}  # older than JAX_MIN: the cell must upgrade

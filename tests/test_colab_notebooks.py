@@ -1,4 +1,4 @@
-"""``python -m fastjax.colab OUT``: every chapter as the notebook Colab opens, the install cell first."""
+"""``python -m fastjax.setup.colab OUT``: every chapter as the notebook Colab opens, the install cell first."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 import yaml
 
 from conftest import ROOT, toc_files
-from fastjax import colab
+from fastjax.setup import colab
 
 
 def test_every_page_becomes_a_notebook_whose_first_cell_installs(tmp_path, monkeypatch):
     monkeypatch.delenv(colab.REPOSITORY_ENV, raising=False)
-    out = subprocess.run([sys.executable, "-m", "fastjax.colab", str(tmp_path)], cwd=ROOT / "chapters",
+    out = subprocess.run([sys.executable, "-m", "fastjax.setup.colab", str(tmp_path)], cwd=ROOT / "chapters",
                          capture_output=True, text=True, timeout=120, check=True)
     pages = toc_files()
     assert len(out.stdout.splitlines()) == len(pages)

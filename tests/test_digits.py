@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastjax import digits
+from fastjax.resnet import digits
 
 
 def test_load_matches_scikit_learn():

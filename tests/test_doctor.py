@@ -1,4 +1,4 @@
-"""``python -m fastjax.doctor``: one line per check, and a non-zero exit on a broken install or a wrong sum."""
+"""``python -m fastjax.setup.doctor``: one line per check, and a non-zero exit on a broken install or a wrong sum."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import sys
 import pytest
 
 from conftest import ROOT
-from fastjax import _workaround, doctor
+from fastjax.setup import doctor, workaround
 
 pytestmark = pytest.mark.xdist_group("doctor")  # the module fixture runs the doctor once
 
 
 def run_doctor(*, env: dict[str, str] | None = None, prelude: str = "") -> subprocess.CompletedProcess:
     """Run the doctor in a fresh interpreter; ``prelude`` runs first (to break the install)."""
-    code = f"{prelude}\nimport runpy, sys\nsys.argv = ['doctor']\nrunpy.run_module('fastjax.doctor', run_name='__main__')"
-    full_env = {k: v for k, v in os.environ.items() if k not in (_workaround.DISABLE_ENV, "XLA_FLAGS")}
+    code = f"{prelude}\nimport runpy, sys\nsys.argv = ['doctor']\nrunpy.run_module('fastjax.setup.doctor', run_name='__main__')"
+    full_env = {k: v for k, v in os.environ.items() if k not in (workaround.DISABLE_ENV, "XLA_FLAGS")}
     full_env.update({"FASTJAX_SIZE": "quick", "JAX_PLATFORMS": "cpu", **(env or {})})
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
                           cwd=ROOT, timeout=300)
@@ -65,9 +65,9 @@ def test_a_bad_size_fails(monkeypatch, capsys):
 
 
 def test_a_wrong_sum_fails_with_the_fix_off():
-    probe = _workaround.probe()
+    probe = workaround.probe()
     if probe is None or not probe.needs_flag:
         pytest.skip("this jaxlib computes the sum right without the fix")
-    result = run_doctor(env={_workaround.DISABLE_ENV: "1"})
+    result = run_doctor(env={workaround.DISABLE_ENV: "1"})
     assert result.returncode == 1 and lines(result)["ELBO"] == "FAIL"
     assert "the CPU fix is off" in result.stdout

@@ -1,4 +1,4 @@
-"""The rung modules in src/fastjax/rungs are exactly what the chapters' ``#| export`` cells hold."""
+"""The generated rung modules (fastjax/pln/rungs.py, floor.py; fastjax/resnet/rungs.py, floor.py) are exactly what the chapters' ``#| export`` cells hold."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Part V's PLN floor (fastjax.rungs.floor, exported from chapters/floor/01-02): the hand gradient is
+"""Part V's PLN floor (fastjax.pln.floor, exported from chapters/floor/01-02): the hand gradient is
 jax.grad's, the packed Rprop is torch's rule to the bit, the fast fit is Part I's fit, bad input is named."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fastjax import bench_pln, pln
-from fastjax.rungs import floor as F
-from fastjax.rungs import pln as R
+from fastjax import pln
+from fastjax.pln import bench as bench_pln, floor as F, rungs as R
 from test_rprop import jax_path, loss_np
 
 
@@ -73,7 +72,7 @@ def test_packed_rprop_follows_torch_bit_for_bit():
 
 
 def fastjax_rprop(lr, **kw):
-    from fastjax.rprop import rprop
+    from fastjax.pln.rprop import rprop
     return rprop(lr, **kw)
 
 

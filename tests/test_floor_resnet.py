@@ -9,10 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from fastjax import bench_resnet, resnet_ladder, resnet_nnx
-from fastjax.resnet_nnx import ResNetConfig
-from fastjax.rungs import floor as FL
-from fastjax.rungs import resnet as R
+from fastjax.resnet import bench as bench_resnet, floor as FL, ladder as resnet_ladder, resnet_nnx, rungs as R
+from fastjax.resnet.resnet_nnx import ResNetConfig
 
 # Three stages, so that the last two (4×4 and 2×2 images) take the patches path; narrow, one block per
 # stage and a small batch keep the compilations short.

@@ -1,4 +1,4 @@
-"""fastjax.launch: JAX processes on 127.0.0.1 that fit the PLN together, and clear errors, never hangs.
+"""fastjax.scale.launch: JAX processes on 127.0.0.1 that fit the PLN together, and clear errors, never hangs.
 
 The two-process fit runs the worker script of chapters/scale/03-processes.md (its ``%%writefile``
 cell), so the test checks the code the reader sees.
@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from fastjax import launch, sharding
+from fastjax.scale import launch, sharding
 
 CHAPTER = ROOT / "chapters" / "scale" / "03-processes.md"
 ENV = {"JAX_PLATFORMS": "cpu", "OMP_NUM_THREADS": "1"}
 JOIN_ONLY = """\
 import os
 import jax
-from fastjax import launch, sharding
+from fastjax.scale import launch, sharding
 jax.distributed.initialize(coordinator_address=os.environ[launch.COORDINATOR],
                            num_processes=int(os.environ[launch.NUM_PROCESSES]),
                            process_id=int(os.environ[launch.PROCESS_ID]),
@@ -54,7 +54,7 @@ def test_two_processes_fit_like_one(tmp_path):
     import jax.numpy as jnp
 
     from fastjax import pln
-    from fastjax.rungs.pln import scan_fit_jit
+    from fastjax.pln.rungs import scan_fit_jit
 
     repeat, n_iter = 2, 20
     run = launch.run(chapter_worker(tmp_path), 2, args=(repeat, n_iter, 1), env=ENV, timeout=100)
@@ -71,7 +71,8 @@ def test_two_processes_fit_like_one(tmp_path):
     m, s, elbos = np.asarray(m), np.asarray(s), np.asarray(elbos)
     assert got["m"].shape == m.shape and got["elbos"].shape == (n_iter,)
     # the chapter's rule: as close to the single-process float32 fit as float32 is to float64
-    sharding.check_same_fit((got["m"], got["s"], got["elbos"]), (m, s, elbos), (m64, s64, elbos64))
+    sharding.check_same_fit((got["m"], got["s"], got["elbos"]), (m, s, elbos), (m64, s64, elbos64),
+                            final_gap=pln.TARGET_GAP)
     # and over 20 steps few signs have flipped yet: the whole ELBO trajectory within a few float32
     # epsilons per step (measured 4e-7 at most; float32 vs float64 1.5e-6)
     np.testing.assert_allclose(got["elbos"], elbos, rtol=1e-5)
@@ -143,7 +144,7 @@ def test_a_missing_script_is_named(tmp_path):
 
 def test_save_result_outside_a_launched_process_says_so(monkeypatch):
     monkeypatch.delenv(launch.OUT, raising=False)
-    with pytest.raises(RuntimeError, match="started by fastjax.launch.run"):
+    with pytest.raises(RuntimeError, match="started by fastjax.scale.launch.run"):
         launch.save_result(x=np.zeros(1))
 
 

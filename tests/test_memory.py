@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fastjax import memory
+from fastjax.tools import memory
 
 
 def _state():

@@ -161,6 +161,26 @@ def test_full_elbo_equals_profiled_at_closed_forms():
     assert pln.elbo(m, s, b, 1.2 * sig, data, np) < pln.profiled_elbo(m, s, data, np)
 
 
+def test_poisson_part_is_the_elbo_less_its_log_determinant():
+    y, o, x = small()
+    data = pln.check_pln_data(y, o, x)
+    rng = np.random.default_rng(2)
+    m, s = rng.normal(size=y.shape), rng.uniform(0.3, 1.0, size=y.shape)
+    om = data.offsets + m
+    by_hand = np.sum(data.counts * om - np.exp(om + 0.5 * s * s) + np.log(s)) - data.log_factorial
+    assert pln.poisson_part(m, s, data, np) == pytest.approx(by_hand, rel=1e-12)
+    logdet = np.linalg.slogdet(pln.closed_form_covariance(data.covariates, m, s, np))[1]
+    assert pln.profiled_elbo(m, s, data, np) == pytest.approx(-0.5 * len(m) * logdet + by_hand, rel=1e-12)
+    # JAX (the default namespace) gives the same sum; over a split of the samples the parts add up
+    with jax.enable_x64(True):
+        d64 = pln.to_jax(data, jnp.float64)
+        assert float(pln.poisson_part(jnp.asarray(m), jnp.asarray(s), d64)) == pytest.approx(by_hand, rel=1e-12)
+    half = [pln.PlnData(data.counts[i], data.offsets[i], data.covariates[i], pln.log_stirling(data.counts[i]).sum())
+            for i in (slice(0, 10), slice(10, None))]
+    parts = sum(pln.poisson_part(m[i], s[i], h, np) for i, h in zip((slice(0, 10), slice(10, None)), half))
+    assert parts == pytest.approx(by_hand, rel=1e-12)
+
+
 def test_jax_float32_jit_and_float64_agree(oaks):
     m, s = pln.init_latent(oaks.counts, np)
     m = m + 0.1

@@ -1,4 +1,4 @@
-"""fastjax.bench_pln: the JAX fit follows pyPLNmodels; the ladder and the race run and report what they say."""
+"""fastjax.pln.bench: the JAX fit follows pyPLNmodels; the ladder and the race run and report what they say."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import fastjax  # noqa: F401
 import numpy as np
 import pytest
 
-from fastjax import bench_pln, pln
-from fastjax.timing import Timing
+from fastjax import pln
+from fastjax.pln import bench as bench_pln
+from fastjax.tools.timing import Timing
 
 torch = pytest.importorskip("torch")
 

@@ -1,4 +1,4 @@
-"""The PLN rungs exported from the chapters (fastjax.rungs.pln) all run pyPLNmodels' fit, iteration by iteration."""
+"""The PLN rungs exported from the chapters (fastjax.pln.rungs) all run pyPLNmodels' fit, iteration by iteration."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fastjax import pln
-from fastjax.rungs import pln as R
+from fastjax.pln import rungs as R
 
 N_ITER = 30
 

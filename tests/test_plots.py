@@ -4,8 +4,8 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from fastjax import plots  # noqa: E402
-from fastjax.timing import Timing  # noqa: E402
+from fastjax.tools import plots  # noqa: E402
+from fastjax.tools.timing import Timing  # noqa: E402
 
 
 def ladder():

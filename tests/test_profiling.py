@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from fastjax import profiling
+from fastjax.tools import profiling
 
 
 def chain(x):
@@ -16,6 +16,36 @@ def chain(x):
 @pytest.fixture(scope="module")
 def compiled():
     return jax.jit(chain).lower(jnp.ones((64, 64))).compile()
+
+
+LOOP_HLO = """HloModule loop
+%inner (a: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  ROOT %e = f32[] exponential(f32[] %a)
+}
+%body (p: f32[]) -> f32[] {
+  %p = f32[] parameter(0)
+  ROOT %c = f32[] call(f32[] %p), to_apply=%inner
+}
+%cond (q: f32[]) -> pred[] {
+  %q = f32[] parameter(0)
+  %k = f32[] constant(10)
+  ROOT %lt = pred[] compare(f32[] %q, f32[] %k), direction=LT
+}
+ENTRY %main (x: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  ROOT %w = f32[] while(f32[] %x), condition=%cond, body=%body
+}
+"""
+
+
+def test_the_hlo_parser_splits_computations_and_finds_what_runs_in_a_loop():
+    comps = profiling.computations(LOOP_HLO)
+    assert list(comps) == ["inner", "body", "cond", "main"] and len(comps["cond"]) == 3
+    assert profiling.loop_computations(LOOP_HLO) == {"body", "inner"}  # the body and what it calls
+    ins = profiling.instructions(LOOP_HLO)
+    assert ins["e"]["op"] == "exponential" and ins["e"]["in_loop"]
+    assert ins["w"]["op"] == "while" and not ins["w"]["in_loop"] and ins["w"]["labels"] is None
 
 
 def test_a_generated_trace_is_parsed_and_joined_with_its_program(tmp_path, compiled):

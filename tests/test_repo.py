@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from fastjax import colab
+from fastjax.setup import colab
 
 pytestmark = pytest.mark.pinned
 
@@ -106,7 +106,7 @@ def test_repository_url_is_written_once_and_the_workflows_fill_it_from_their_rep
             f"{wf.name} must set {colab.REPOSITORY_ENV}: ${{{{ github.repository }}}} (workflow-level env)")
     runs = "\n".join(step.get("run", "") for wf in WORKFLOWS for job in yaml.safe_load(wf.read_text())["jobs"].values()
                      for step in job.get("steps", []))
-    assert "build-book.sh" in runs and "python -m fastjax.colab" in runs  # what follows it: the site, the notebooks
+    assert "build-book.sh" in runs and "python -m fastjax.setup.colab" in runs  # what follows it: the site, the notebooks
 
 
 def tool(name: str) -> str | None:

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from fastjax import digits, resnet_eqx, resnet_nnx
-from fastjax.resnet_nnx import ResNetConfig
-from fastjax.rungs import resnet as R
-from fastjax.timing import count_traces
+from fastjax.resnet import digits, resnet_eqx, resnet_nnx, rungs as R
+from fastjax.resnet.resnet_nnx import ResNetConfig
+from fastjax.tools.timing import count_traces
 
 CONFIGS = [ResNetConfig(width=8, stages=2, blocks=1), ResNetConfig(width=4, stages=3, blocks=2)]
 

@@ -8,11 +8,10 @@ import pytest
 import jax
 import jax.numpy as jnp
 
-from fastjax import bench_resnet as B
-from fastjax import resnet_ladder as L
-from fastjax import timing
-from fastjax.resnet_nnx import ResNetConfig
-from fastjax.timing import Timing
+from fastjax.resnet import bench as B, ladder as L
+from fastjax.resnet.resnet_nnx import ResNetConfig
+from fastjax.tools import timing
+from fastjax.tools.timing import Timing
 
 # One stage keeps each rung's compile short (most of this file's time): the rungs differ in how
 # they call the step, not in the network (tests/test_resnet.py checks the deeper twins).

@@ -1,4 +1,4 @@
-"""fastjax.rprop follows torch.optim.Rprop step for step; optax.rprop (0.2.8) does not."""
+"""fastjax.pln.rprop follows torch.optim.Rprop step for step; optax.rprop (0.2.8) does not."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from fastjax.rprop import rprop
+from fastjax.pln.rprop import rprop
 
 
 

@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from conftest import EXECUTED, ROOT, toc_files
-from fastjax.colab import repository_url
+from fastjax.setup.colab import repository_url
 
 pytestmark = [pytest.mark.site]
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fastjax import timing
+from fastjax.tools import timing
 
 
 def test_block_waits_on_every_array_of_a_pytree():

@@ -1,8 +1,10 @@
 """fastjax: the helper package of the book "Making JAX fast".
 
-It holds what is not the lesson itself: the size switch, the timing harness, plots, input
-checks, and (in later modules) the data and model maths of the two examples. Importing it
-first applies a workaround for a jaxlib CPU miscompile before JAX starts (see ``_workaround``), and
+It holds what is not the lesson itself: the size switch (``sizes``) and input checks (``checks``)
+here; the machine's setup in ``fastjax.setup``; the measuring tools in ``fastjax.tools``; each
+example's data, model maths, rungs and bench in ``fastjax.pln`` and ``fastjax.resnet``; Part IV's
+helpers in ``fastjax.scale``; ``python -m fastjax.bench`` measures both ladders. Importing it
+first applies a workaround for a jaxlib CPU miscompile before JAX starts (see ``fastjax.setup.workaround``), and
 lets OpenBLAS's idle threads sleep instead of spinning (``OPENBLAS_THREAD_TIMEOUT``, below).
 """
 
@@ -18,7 +20,7 @@ import os
 # Python started wins.
 OPENBLAS_THREAD_TIMEOUT = os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
-from fastjax._workaround import apply_cpu_workaround, workaround_active  # noqa: E402
+from fastjax.setup.workaround import apply_cpu_workaround, workaround_active  # noqa: E402
 
 CPU_WORKAROUND = apply_cpu_workaround()
 

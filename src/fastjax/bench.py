@@ -19,16 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import fastjax  # noqa: F401  (the CPU workaround, before JAX starts)
-from fastjax import sizes, timing
+from fastjax import sizes
+from fastjax.tools import timing
 
 PARTS = ("pln", "resnet")
 
 
 def _ladder(part: str) -> dict[str, Any]:
     if part == "pln":
-        from fastjax import bench_pln as ladder
+        from fastjax.pln import bench as ladder
     elif part == "resnet":
-        from fastjax import bench_resnet as ladder
+        from fastjax.resnet import bench as ladder
     else:
         raise ValueError(f"part must be one of {PARTS}; got {part!r}")
     t0 = time.perf_counter()
@@ -44,7 +45,7 @@ def measurements_dir() -> Path:
     env = os.environ.get("FASTJAX_MEASUREMENTS")
     if env:
         return Path(env)
-    from fastjax.colab import find_root
+    from fastjax.setup.colab import find_root
 
     try:
         return find_root() / "_build" / "measurements"
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def save_figures(results: dict[str, Any]) -> list[Path]:
     """Save each part's ladder chart, stamped, as ``images/ladder-<part>.png``; return the paths."""
-    from fastjax import plots
+    from fastjax.tools import plots
 
     paths = []
     for part, res in results["parts"].items():

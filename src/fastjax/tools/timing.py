@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterable, Sequence
 import jax
 import numpy as np
 
-from fastjax import _workaround, sizes
+from fastjax import sizes
+from fastjax.setup import workaround
 
 
 def block(tree: Any) -> Any:
@@ -354,7 +355,7 @@ def stamp() -> dict[str, Any]:
         "cpu_cores": os.cpu_count(),
         "python": platform.python_version(),
         **{pkg: _version(pkg) for pkg in ("jax", "jaxlib", "flax", "equinox", "optax", "numpy")},
-        "cpu_workaround": _workaround.workaround_active(),
+        "cpu_workaround": workaround.workaround_active(),
         "openblas_thread_timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT"),
         "size": sizes.current_size(),
         "utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
@@ -381,7 +382,7 @@ def stamp_text(s: dict[str, Any] | None = None) -> str:
 
 def noise_note(timings: Iterable[Timing | None]) -> str:
     """A warning naming the timings measured on a busy machine (or spread too widely to trust), and
-    why; "" when there are none. Tables (``format_table``) and charts (``fastjax.plots``) show it."""
+    why; "" when there are none. Tables (``format_table``) and charts (``fastjax.tools.plots``) show it."""
     unique = {id(t): t for t in timings if t is not None}.values()  # the floor is often a row too
     busy = [f"{t.name}: {t.load:.1f}" for t in unique if t.busy]
     wide = [f"{t.name}: {t.spread:.0%}" for t in unique if t.wide]

@@ -3,7 +3,7 @@
 Each builder returns a :class:`Rung`: ``run(images, labels)`` does one dispatch (one train step,
 or ``K`` steps for the scan rungs, whose inputs are then stacked ``(K, batch, ...)``) and returns
 the loss(es); ``weights()`` reads the current weights in NNX layout; ``traces`` counts how often
-the jitted body was traced. The step code itself lives in :mod:`fastjax.rungs.resnet` (written in
+the jitted body was traced. The step code itself lives in :mod:`fastjax.resnet.rungs` (written in
 the chapters); this module only binds it to fresh weights. Every rung starts from the same weights
 (``seed``) and uses the same Adam, so their loss trajectories agree (the tests check it).
 """
@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from fastjax import digits, resnet_eqx, resnet_nnx, sizes
-from fastjax.resnet_nnx import ResNetConfig
-from fastjax.rungs import resnet as R
-from fastjax.timing import count_traces
+from fastjax import sizes
+from fastjax.resnet import digits, resnet_eqx, resnet_nnx, rungs as R
+from fastjax.resnet.resnet_nnx import ResNetConfig
+from fastjax.tools.timing import count_traces
 
 NNX_RUNGS = ("no-jit", "nnx.jit", "split/merge", "nnx.cached_partial", "nnx.jit(graph=False)",
              "nnx.jit_partial", "scan K=10", "scan K=10 unroll", "NamedTuple")

@@ -1,5 +1,8 @@
 """Reading what the profiler and the compiler report, and a roofline against measured peaks.
 
+- ``computations`` / ``loop_computations`` / ``instructions``: the one HLO parser of the book: a
+  compiled program's text split into its computations, those that run inside a ``while`` loop, and
+  each instruction's opcode, place and convolution layout.
 - ``find_trace`` / ``read_trace``: the timed events of a ``jax.profiler.trace`` run (the gzipped
   Chrome/Perfetto JSON it writes), in µs.
 - ``top_ops``: those events joined with a compiled program's HLO text: total ms per HLO instruction;
@@ -11,8 +14,6 @@
   leaves out (it counts a ``custom-call`` as 0 flops).
 - ``peak_flops`` / ``peak_bandwidth`` / ``roofline``: the device's measured peaks and the least time
   a program with given flops and bytes can take on it.
-
-The HLO parsing is :mod:`fastjax.bench_resnet`'s (one parser for the whole book).
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastjax.bench_resnet import _computations, instructions
-from fastjax.timing import block, time_per_call
+from fastjax.tools.timing import block, time_per_call
 
 # Instructions that compute nothing (they name, reshape in place, or bundle values): left out of counts.
 BOOKKEEPING = {"parameter", "constant", "bitcast", "tuple", "get-tuple-element"}
@@ -71,10 +71,62 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
     return sorted(events, key=lambda e: e["ts"])
 
 
+def computations(hlo: str) -> dict[str, list[str]]:
+    """The instruction lines of each computation of an HLO module's text, by name ('ENTRY' too)."""
+    comps: dict[str, list[str]] = {}
+    cur = None
+    for line in hlo.splitlines():
+        m = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
+        if m:
+            cur = m.group(1)
+            comps[cur] = []
+        elif line.strip() == "}":
+            cur = None
+        elif cur:
+            comps[cur].append(line)
+    return comps
+
+
+def loop_computations(hlo: str) -> set[str]:
+    """Names of the computations that run inside a ``while`` loop (bodies and what they call)."""
+    comps = computations(hlo)
+    calls = {c: set(re.findall(r"(?:calls|body|condition|to_apply)=%?([\w.\-]+)", "\n".join(ls)))
+             for c, ls in comps.items()}
+    inside, todo = set(), re.findall(r"body=%?([\w.\-]+)", hlo)
+    while todo:
+        c = todo.pop()
+        if c not in inside:
+            inside.add(c)
+            todo += list(calls.get(c, ()))
+    return inside
+
+
+def instructions(hlo: str) -> dict[str, dict[str, Any]]:
+    """Each instruction of an optimised HLO module: its opcode, whether it runs inside a loop, and
+    for convolutions their ``dim_labels`` (layout). A fusion wrapping one convolution (newer
+    XLA:CPU names them ``wrapped_convolution``) counts as that convolution, with ``fused`` set."""
+    comps, inside, out = computations(hlo), loop_computations(hlo), {}
+    fusion_bodies = set(re.findall(r" fusion\(.*?calls=%?([\w.\-]+)", hlo))
+    for comp, lines in comps.items():
+        for line in lines:
+            m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = .*? ([\w\-]+)\(", line)
+            if not m:
+                continue
+            op, labels = m.group(2), re.search(r"dim_labels=([^,\s]+)", line)
+            called = re.search(r"calls=%?([\w.\-]+)", line)
+            body = comps.get(called.group(1), []) if op == "fusion" and called else []
+            fused = [ln for ln in body if " convolution(" in ln]
+            if fused:
+                op, labels = "convolution", re.search(r"dim_labels=([^,\s]+)", fused[0])
+            out[m.group(1)] = {"op": op, "in_loop": comp in inside, "fused": bool(fused),
+                               "in_fusion": comp in fusion_bodies, "labels": labels.group(1) if labels else None}
+    return out
+
+
 def _kernels(hlo: str) -> dict[str, list[str]]:
     """The computations whose instructions run as kernels: the entry, loop bodies and conditions,
     called computations; not fusion bodies, nor the reducers and comparators given to ``to_apply``."""
-    comps = _computations(hlo)
+    comps = computations(hlo)
     inner = set(re.findall(r" fusion\(.*?calls=%?([\w.\-]+)", hlo)) | set(re.findall(r"to_apply=%?([\w.\-]+)", hlo))
     return {name: lines for name, lines in comps.items() if name not in inner}
 
@@ -101,7 +153,7 @@ def fusions(hlo: str) -> list[dict[str, Any]]:
     its output; ``kCustom``: backend-specific) and the operations fused into it."""
     if "HloModule" not in hlo:
         raise ValueError("expected the text of a compiled HLO module (compiled.as_text()); it has no 'HloModule'")
-    comps = _computations(hlo)
+    comps = computations(hlo)
     return [{"name": name, "kind": kind, "ops": _opcodes(comps.get(called, []))}
             for name, kind, called in _fusion_lines(hlo)]
 
@@ -122,7 +174,7 @@ def fusion_bytes(hlo: str) -> list[dict[str, Any]]:
     cache. The sum over fusions is the fused part of the cost analysis' "bytes accessed"."""
     if "HloModule" not in hlo:
         raise ValueError("expected the text of a compiled HLO module (compiled.as_text()); it has no 'HloModule'")
-    comps = _computations(hlo)
+    comps = computations(hlo)
     out = []
     for lines in _kernels(hlo).values():
         for line in lines:

@@ -1,7 +1,7 @@
 """Measuring Part I: the PLN ladder timed in turns, pyPLNmodels' own fit, and the race between them.
 
-The rungs come from ``fastjax.rungs.pln`` (exported from the chapters), so what is timed here is
-the code the reader sees. ``python -m fastjax.bench_pln`` runs the race and prints its figures (``--fit part1``: with Part I's
+The rungs come from ``fastjax.pln.rungs`` (exported from the chapters), so what is timed here is
+the code the reader sees. ``python -m fastjax.pln.bench`` runs the race and prints its figures (``--fit part1``: with Part I's
 fit); ``--cold N`` times pyPLNmodels' first fit in N fresh processes. ``--cache-run`` and
 ``--first-fit`` are the fresh processes that ``race`` and ``first_fits`` start.
 """
@@ -25,10 +25,10 @@ import fastjax  # noqa: F401  (the CPU workaround, before jax)
 import numpy as np
 
 from fastjax import checks, pln, sizes
-from fastjax.timing import Timing, compile_time, first_call_seconds, time_interleaved, time_per_call
-from fastjax.timing import block as timing_block
+from fastjax.tools.timing import Timing, compile_time, first_call_seconds, time_interleaved, time_per_call
+from fastjax.tools.timing import block as timing_block
 
-TARGET_GAP = 5e-4  # "reached": within 0.05 % of pyPLNmodels' final ELBO
+TARGET_GAP = pln.TARGET_GAP  # "reached": within 0.05 % of pyPLNmodels' final ELBO
 
 
 def settings() -> Any:
@@ -62,7 +62,7 @@ def measure_ladder(data: pln.PlnData | None = None) -> dict[str, Any]:
     Returns {"rungs", "floor", "floor_fast", "extra"}."""
     import jax
 
-    from fastjax.rungs import pln as R
+    from fastjax.pln import rungs as R
 
     cfg = settings()
     data = pln.to_jax(pln.load_oaks_counts(cfg.repeat)) if data is None else data
@@ -103,7 +103,7 @@ def profile_iteration(data: pln.PlnData | None = None) -> list[Timing]:
     step; the while_loop fit), AOT-compiled, timed in turns."""
     import jax
 
-    from fastjax.rungs import pln as R
+    from fastjax.pln import rungs as R
 
     cfg = settings()
     data = pln.to_jax(pln.load_oaks_counts(cfg.repeat)) if data is None else data
@@ -177,8 +177,7 @@ FITS = ("fast", "part1")  # Part V's floor (hand gradient, packed Rprop) and Par
 
 def _fit(name: str) -> Any:
     """The compiled-once JAX fit called ``name`` (both have ``fit_until_converged``'s signature)."""
-    from fastjax.rungs import floor as F
-    from fastjax.rungs import pln as R
+    from fastjax.pln import floor as F, rungs as R
 
     if name not in FITS:
         raise ValueError(f"fit must be one of {FITS}; got {name!r}")
@@ -193,7 +192,7 @@ def cache_run(cache_dir: str, data_file: str, target: float, fit: str = "fast") 
     jax.config.update("jax_compilation_cache_dir", cache_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    from fastjax.timing import block
+    from fastjax.tools.timing import block
 
     with np.load(data_file) as f:
         data = pln.to_jax(pln.PlnData(f["counts"], f["offsets"], f["covariates"], float(f["log_factorial"])))
@@ -207,7 +206,7 @@ def cache_run(cache_dir: str, data_file: str, target: float, fit: str = "fast") 
 
 
 def _fresh_process(*flags: str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "fastjax.bench_pln", *flags]
+    cmd = [sys.executable, "-m", "fastjax.pln.bench", *flags]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=os.environ.copy(), timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -3,7 +3,7 @@
 Images are NHWC ``(batch, 8, 8, 1)``. The stem is a 3×3 convolution to ``width`` channels; stage
 ``s`` holds ``blocks`` basic blocks of ``width·2ˢ`` channels, the first of which halves the
 spatial size from the second stage on. Convolutions have no bias (BatchNorm follows each one).
-Weights can be read as a canonical dict (:func:`weights`) that :mod:`fastjax.resnet_eqx` loads.
+Weights can be read as a canonical dict (:func:`weights`) that :mod:`fastjax.resnet.resnet_eqx` loads.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from fastjax import checks
-from fastjax.digits import N_CLASSES, check_batch
+from fastjax.resnet.digits import N_CLASSES, check_batch
 
 BN_MOMENTUM = 0.9  # running statistics forget old batches fast enough for short runs
 

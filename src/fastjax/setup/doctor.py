@@ -1,8 +1,8 @@
-"""Check that this machine can run the book: ``python -m fastjax.doctor``.
+"""Check that this machine can run the book: ``python -m fastjax.setup.doctor``.
 
 Each check prints one line, ``pass`` or ``FAIL``, and for a failure the one thing to do about it:
 Python, every package a chapter needs, the size in force, the devices JAX sees, the jaxlib CPU
-miscompile probe (``fastjax._workaround``) and, in this process, a jitted float32 sum of the PLN
+miscompile probe (``fastjax.setup.workaround``) and, in this process, a jitted float32 sum of the PLN
 ELBO's Stirling term compared with float64 NumPy. Exits 1 when a check fails (a wrong number
 included), 0 when all pass.
 """
@@ -16,7 +16,8 @@ import warnings
 from importlib import metadata
 
 import fastjax  # first: applies the CPU workaround before JAX starts
-from fastjax import _workaround, sizes
+from fastjax import sizes
+from fastjax.setup import workaround
 
 INSTALL = "pip install 'fastjax[examples]' (or run scripts/setup-env.sh in the book's checkout)"
 # (module to import, distribution for the version, what needs it)
@@ -66,8 +67,8 @@ def checks() -> list[tuple[str, bool, str, str]]:
 
     devices = ", ".join(f"{d.platform}: {getattr(d, 'device_kind', '')}" for d in jax.devices())
     out.append(("devices", True, devices, ""))
-    probe = _workaround.probe()
-    active = _workaround.workaround_active()
+    probe = workaround.probe()
+    active = workaround.workaround_active()
     if probe is None or probe.error_without is None:
         out.append(("CPU probe", False, "could not run" + (f" ({probe.note})" if probe else ""),
                     "check that `python -c 'import jax; jax.numpy.ones(1)'` works"))
@@ -76,14 +77,14 @@ def checks() -> list[tuple[str, bool, str, str]]:
                  f"{'XLA lacks the flag' if not probe.flag_known else f'{probe.error_with:.1e} with it'}; "
                  f"fix {'active' if active else 'not active'}")
         out.append(("CPU probe", True, found, ""))
-    error = _workaround.check_in_this_process()
-    ok = error <= _workaround.TOLERANCE
+    error = workaround.check_in_this_process()
+    ok = error <= workaround.TOLERANCE
     hint = ("the CPU fix is off: unset FASTJAX_NO_CPU_WORKAROUND and XLA_FLAGS' own "
-            f"{_workaround.FLAG_NAME}, and import fastjax before jax"
+            f"{workaround.FLAG_NAME}, and import fastjax before jax"
             if probe is not None and probe.needs_flag and not active
             else "this jaxlib computes a wrong sum that the flag does not fix: try another jaxlib, and report it")
     out.append(("ELBO sum", ok, f"jitted float32 vs float64 NumPy: relative error {error:.1e} "
-                f"(must be <= {_workaround.TOLERANCE:.0e})", hint))
+                f"(must be <= {workaround.TOLERANCE:.0e})", hint))
     return out
 
 

@@ -8,7 +8,8 @@ jaxlib, a subprocess computes the sum under ``jax.jit`` without and with the fla
 with float64 NumPy. The answer is cached on disk, and the flag is set only when the bug shows and
 this XLA knows the flag (an unknown flag in ``XLA_FLAGS`` makes XLA abort).
 
-This module must not import jax: XLA reads ``XLA_FLAGS`` once, when its first backend starts.
+This module must not import jax: XLA reads ``XLA_FLAGS`` once, when its first backend starts
+(``backend_started`` only looks at a JAX that something else imported).
 """
 
 from __future__ import annotations
@@ -83,7 +84,9 @@ def jaxlib_version() -> str | None:
         return None
 
 
-def _cache_file(version: str) -> Path:
+def cache_file(version: str) -> Path:
+    """Where the probe's answer for jaxlib ``version`` (and this Python) is kept, under
+    ``$XDG_CACHE_HOME/fastjax`` (default ``~/.cache/fastjax``)."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fastjax"
     tag = f"{version}-py{sys.version_info.major}.{sys.version_info.minor}-v{PROBE_VERSION}"
     return base / f"cpu-probe-{tag}.json"
@@ -108,7 +111,7 @@ def probe(refresh: bool = False, timeout: float = 120.0) -> Probe | None:
     version = jaxlib_version()
     if version is None:
         return None
-    cache = _cache_file(version)
+    cache = cache_file(version)
     if not refresh and cache.is_file():
         try:
             return Probe(**json.loads(cache.read_text()))
@@ -135,15 +138,31 @@ def workaround_active() -> bool:
     return WORKAROUND_FLAG in _flags()
 
 
-def _backend_started() -> bool:
+def backend_started() -> bool:
+    """True once JAX has started its backends (created its devices) in this process. It neither starts
+    them nor imports JAX: with JAX not imported yet, nothing can have started.
+
+    JAX has no public query for this (jax 0.10.2 to 0.12; what it has, ``backends_are_initialized``, is
+    private, in its ``xla_bridge``). So this is a probe through public API: JAX refuses to change the
+    option ``jax_num_cpu_devices`` once its backends have started (``jax.config.update`` raises
+    RuntimeError, "... should be updated before backends are initialized"); before that the change is
+    accepted, and undone at once. Fallback, for a JAX without that option: False (not known to have
+    started).
+    """
     if "jax" not in sys.modules:
         return False
-    try:
-        from jax._src import xla_bridge
+    import jax
 
-        return bool(getattr(xla_bridge, "_backends", {}))
-    except Exception:  # pragma: no cover - private API moved
+    try:
+        count = jax.config.jax_num_cpu_devices
+    except AttributeError:  # no such option: cannot tell
         return False
+    try:
+        jax.config.update("jax_num_cpu_devices", count + 1)  # any other value: refused once started
+    except RuntimeError:
+        return True
+    jax.config.update("jax_num_cpu_devices", count)  # accepted: not started; put it back
+    return False
 
 
 def _warn(message: str) -> None:
@@ -159,7 +178,7 @@ def apply_cpu_workaround() -> bool:
     if result is None or result.error_without is None:
         if result is not None:
             _warn(f"fastjax could not check jaxlib {result.jaxlib} for its CPU miscompile ({result.note}); "
-                  "no fix applied. Run `python -m fastjax.doctor` to see whether sums are right.")
+                  "no fix applied. Run `python -m fastjax.setup.doctor` to see whether sums are right.")
         return False
     if not result.needs_flag:
         if result.buggy:
@@ -170,7 +189,7 @@ def apply_cpu_workaround() -> bool:
         _warn(f"XLA_FLAGS already sets {own[0]}, so fastjax left it alone; jaxlib {result.jaxlib} needs "
               f"{WORKAROUND_FLAG} for right CPU sums (unset yours, or use that value).")
         return False
-    if _backend_started():
+    if backend_started():
         _warn(f"JAX had already started before fastjax was imported, so the fix for a jaxlib {result.jaxlib} "
               "CPU miscompile could not be applied. Restart the kernel and import fastjax before running "
               "any JAX computation.")

@@ -1,7 +1,7 @@
-"""Tools around the Equinox twin of :mod:`fastjax.resnet_nnx`: build, load NNX weights, read, predict.
+"""Tools around the Equinox twin of :mod:`fastjax.resnet.resnet_nnx`: build, load NNX weights, read, predict.
 
 The network itself (``EqxResNet``, ``eqx_forward``, ``eqx_loss_fn``) is written in chapter
-``resnet/00-network`` and exported to :mod:`fastjax.rungs.resnet`; it is re-exported here as
+``resnet/00-network`` and exported to :mod:`fastjax.resnet.rungs`; it is re-exported here as
 ``ResNet``, ``forward`` and ``loss_fn``. Equinox layers act on one example, channels first
 ``(C, H, W)``; the batch comes from ``jax.vmap(..., axis_name="batch")``, over which BatchNorm averages. Its running statistics live
 in an ``eqx.nn.State`` next to the model. ``mode="batch"`` normalises with the batch statistics
@@ -20,11 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastjax import checks
-from fastjax.digits import check_batch
-from fastjax.resnet_nnx import ResNetConfig
-from fastjax.rungs.resnet import EqxResNet as ResNet
-from fastjax.rungs.resnet import eqx_forward as forward
-from fastjax.rungs.resnet import eqx_loss_fn as loss_fn
+from fastjax.resnet.digits import check_batch
+from fastjax.resnet.resnet_nnx import ResNetConfig
+from fastjax.resnet.rungs import EqxResNet as ResNet
+from fastjax.resnet.rungs import eqx_forward as forward
+from fastjax.resnet.rungs import eqx_loss_fn as loss_fn
 
 __all__ = ["ResNet", "accuracy", "forward", "from_nnx", "from_weights", "loss_fn", "make_model", "predict", "weights"]
 
@@ -58,7 +58,7 @@ def _layers(model: ResNet) -> list[tuple[str, Any]]:
 
 
 def from_weights(w: dict[str, np.ndarray], config: ResNetConfig) -> tuple[ResNet, eqx.nn.State]:
-    """Build the Equinox network holding the weights of :func:`fastjax.resnet_nnx.weights`
+    """Build the Equinox network holding the weights of :func:`fastjax.resnet.resnet_nnx.weights`
     (conv kernels HWIO → OIHW, dense (in, out) → (out, in)); BatchNorm counters start at 0."""
     model, state = eqx.filter_eval_shape(make_model, config)  # structure only: nothing runs
     layers = _layers(model)
@@ -92,14 +92,14 @@ def from_weights(w: dict[str, np.ndarray], config: ResNetConfig) -> tuple[ResNet
 
 
 def from_nnx(nnx_model: Any) -> tuple[ResNet, eqx.nn.State]:
-    """The Equinox twin of an NNX :class:`fastjax.resnet_nnx.ResNet`, with the same weights."""
-    from fastjax import resnet_nnx
+    """The Equinox twin of an NNX :class:`fastjax.resnet.resnet_nnx.ResNet`, with the same weights."""
+    from fastjax.resnet import resnet_nnx
 
     return from_weights(resnet_nnx.weights(nnx_model), nnx_model.config)
 
 
 def weights(model: ResNet, state: eqx.nn.State) -> dict[str, np.ndarray]:
-    """The weights in the NNX layout and naming of :func:`fastjax.resnet_nnx.weights` (running
+    """The weights in the NNX layout and naming of :func:`fastjax.resnet.resnet_nnx.weights` (running
     statistics as stored, before Equinox's inference-time debiasing)."""
     out: dict[str, np.ndarray] = {}
     for name, m in _layers(model):

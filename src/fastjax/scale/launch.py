@@ -74,7 +74,7 @@ def save_result(**arrays: Any) -> Path:
     """In a worker started by ``run``: save ``arrays`` (NumPy-convertible) for the launcher to read."""
     missing = [k for k in (OUT, PROCESS_ID) if k not in os.environ]
     if missing:
-        raise RuntimeError(f"save_result works in a process started by fastjax.launch.run; {missing} not set")
+        raise RuntimeError(f"save_result works in a process started by fastjax.scale.launch.run; {missing} not set")
     path = Path(os.environ[OUT]) / f"process-{int(os.environ[PROCESS_ID])}.npz"
     np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})
     return path

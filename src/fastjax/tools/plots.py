@@ -1,7 +1,7 @@
 """Charts for the book: the ladder (per-call times with the floor marked) and sweeps.
 
 A chart drawn from timings that were measured on a busy machine (or spread too widely) says so in
-red under the chart, naming them (``fastjax.timing.noise_note``), and hatches their bars.
+red under the chart, naming them (``fastjax.tools.timing.noise_note``), and hatches their bars.
 Figures are returned, never saved; ``save_figure`` writes one into the repository's ``images/``
 folder (or ``FASTJAX_IMAGES`` when set), which ``python -m fastjax.bench --figures`` does for the README.
 """
@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fastjax.timing import Timing, noise_note
+from fastjax.tools.timing import Timing, noise_note
 
 _SCALE = {"s": 1.0, "ms": 1e3, "µs": 1e6}
 

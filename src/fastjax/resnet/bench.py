@@ -1,11 +1,10 @@
 """Measuring the Part II ladder: per-step times against the floor, the async-dispatch sweep, and
-flatten round trips. The rungs themselves come from :mod:`fastjax.resnet_ladder` (which binds the
+flatten round trips. The rungs themselves come from :mod:`fastjax.resnet.ladder` (which binds the
 code exported from the chapters); nothing here is a lesson, only measurement.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -17,11 +16,12 @@ import numpy as np
 import optax
 from flax import nnx
 
-from fastjax import resnet_eqx, resnet_nnx, sizes
-from fastjax.resnet_ladder import SCAN_K, Rung, build, settings, training_batches
-from fastjax.resnet_nnx import ResNetConfig
-from fastjax.rungs import resnet as R
-from fastjax.timing import Timing, block, time_interleaved, time_per_call
+from fastjax import sizes
+from fastjax.resnet import floor as FL, ladder, resnet_eqx, resnet_nnx, rungs as R
+from fastjax.resnet.ladder import SCAN_K, Rung, build, settings, training_batches
+from fastjax.resnet.resnet_nnx import ResNetConfig
+from fastjax.tools import profiling
+from fastjax.tools.timing import Timing, block, time_interleaved, time_per_call
 
 LADDER = ("no-jit", "nnx.jit", "eqx.filter_jit", "split/merge", "nnx.cached_partial", "nnx.jit(graph=False)",
           "nnx.jit_partial", "eqx flatten trick", "scan K=10", "scan K=10 unroll", "NamedTuple",
@@ -202,62 +202,10 @@ def measure_flatten(config: ResNetConfig | None = None, n: int | None = None) ->
 NHWC_LABELS = "b01f_01io->b01f"  # NHWC input, HWIO kernel, NHWC output: the layout XLA:CPU hands to Eigen
 
 
-def _computations(hlo: str) -> dict[str, list[str]]:
-    """The instruction lines of each computation of an HLO module's text, by name ('ENTRY' too)."""
-    comps: dict[str, list[str]] = {}
-    cur = None
-    for line in hlo.splitlines():
-        m = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
-        if m:
-            cur = m.group(1)
-            comps[cur] = []
-        elif line.strip() == "}":
-            cur = None
-        elif cur:
-            comps[cur].append(line)
-    return comps
-
-
-def loop_computations(hlo: str) -> set[str]:
-    """Names of the computations that run inside a ``while`` loop (bodies and what they call)."""
-    comps = _computations(hlo)
-    calls = {c: set(re.findall(r"(?:calls|body|condition|to_apply)=%?([\w.\-]+)", "\n".join(ls)))
-             for c, ls in comps.items()}
-    inside, todo = set(), re.findall(r"body=%?([\w.\-]+)", hlo)
-    while todo:
-        c = todo.pop()
-        if c not in inside:
-            inside.add(c)
-            todo += list(calls.get(c, ()))
-    return inside
-
-
-def instructions(hlo: str) -> dict[str, dict[str, Any]]:
-    """Each instruction of an optimised HLO module: its opcode, whether it runs inside a loop, and
-    for convolutions their ``dim_labels`` (layout). A fusion wrapping one convolution (newer
-    XLA:CPU names them ``wrapped_convolution``) counts as that convolution, with ``fused`` set."""
-    comps, inside, out = _computations(hlo), loop_computations(hlo), {}
-    fusion_bodies = set(re.findall(r" fusion\(.*?calls=%?([\w.\-]+)", hlo))
-    for comp, lines in comps.items():
-        for line in lines:
-            m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = .*? ([\w\-]+)\(", line)
-            if not m:
-                continue
-            op, labels = m.group(2), re.search(r"dim_labels=([^,\s]+)", line)
-            called = re.search(r"calls=%?([\w.\-]+)", line)
-            body = comps.get(called.group(1), []) if op == "fusion" and called else []
-            fused = [ln for ln in body if " convolution(" in ln]
-            if fused:
-                op, labels = "convolution", re.search(r"dim_labels=([^,\s]+)", fused[0])
-            out[m.group(1)] = {"op": op, "in_loop": comp in inside, "fused": bool(fused),
-                               "in_fusion": comp in fusion_bodies, "labels": labels.group(1) if labels else None}
-    return out
-
-
 def convolutions(hlo: str) -> dict[str, int]:
     """Convolutions of an HLO module counted by place (top level / in a loop) and layout."""
     count: dict[str, int] = {}
-    for ins in instructions(hlo).values():
+    for ins in profiling.instructions(hlo).values():
         if ins["op"] == "convolution" and not ins["in_fusion"]:
             key = f"{'in a loop' if ins['in_loop'] else 'top level'}, {'NHWC/HWIO' if ins['labels'] == NHWC_LABELS else 'other layout'}"
             count[key] = count.get(key, 0) + 1
@@ -267,26 +215,20 @@ def convolutions(hlo: str) -> dict[str, int]:
 def trace_ops(trace_file: str | Path, hlo: str) -> list[dict[str, Any]]:
     """Total time of each HLO op of one program in a ``jax.profiler`` trace (``*.trace.json.gz``),
     slowest first: name, opcode, layout, inside a loop or not, calls, total ms (and share); the
-    reading and summing are :mod:`fastjax.profiling`'s."""
-    # imported here, not at the top: profiling imports this module's HLO parser
-    from fastjax import profiling
-
+    reading, parsing and summing are :mod:`fastjax.tools.profiling`'s."""
     return profiling.top_ops(profiling.read_trace(trace_file), hlo)
 
 
 def _floor_steps(config: ResNetConfig, x: Any, y: Any) -> tuple[dict[str, Callable[[], Any]], Any]:
-    """Part II's floor step and Part V's faster floor step (``fastjax.rungs.floor.faster_floor_step``,
+    """Part II's floor step and Part V's faster floor step (``fastjax.resnet.floor.faster_floor_step``,
     chapters/floor/03-resnet-floor.md), jitted, from the same weights, as calls on one batch; checked
-    to give the same first loss (``resnet_ladder.FIRST_LOSS_RTOL``)."""
-    from fastjax import resnet_ladder
-    from fastjax.rungs import floor as FL  # imported here: the floor part also holds the PLN rungs
-
+    to give the same first loss (``ladder.FIRST_LOSS_RTOL``)."""
     model = resnet_nnx.make_model(config, seed=0)
     graphdef, treedef, leaves = R.floor_start(model, nnx.Optimizer(model, R.TX, wrt=nnx.Param))
     steps = {"floor": jax.jit(R.floor_step(graphdef, treedef)),
              "faster floor": jax.jit(FL.faster_floor_step(graphdef, treedef))}
     first = {name: np.asarray(step(leaves, x, y)[1])[None] for name, step in steps.items()}
-    resnet_ladder.assert_same_losses(first["faster floor"], first["floor"], "faster floor")
+    ladder.assert_same_losses(first["faster floor"], first["floor"], "faster floor")
     return {name: (lambda st=st: st(leaves, x, y)) for name, st in steps.items()}, leaves
 
 

@@ -1,7 +1,7 @@
 """The chapters as Colab opens them: each generated ``.ipynb`` starts with an install cell.
 
 The chapter sources (``chapters/**/*.md``) carry the lesson only. Colab cannot open MyST markdown,
-so ``python -m fastjax.colab OUT`` writes every chapter of ``_toc.yml`` as a notebook under ``OUT``
+so ``python -m fastjax.setup.colab OUT`` writes every chapter of ``_toc.yml`` as a notebook under ``OUT``
 with the install cell put first; the notebooks workflow pushes them to the ``notebooks`` branch
 that the book's Colab buttons open.
 
