@@ -32,9 +32,9 @@ def rel_err(ours, ref):
                for a, b in zip(ours, ref))
 
 
-@pytest.mark.parametrize("shape", [(116, 114), (60, 150)])  # many rows (n > 2p uses the product) and few
-@pytest.mark.parametrize("by_product", [None, False, True])
-def test_hand_gradient_is_jax_grad_in_float64(shape, by_product):
+@pytest.mark.parametrize("shape", [(116, 114), (60, 150)])  # more rows than columns, and fewer (n < p: the n×n way)
+@pytest.mark.parametrize("by_product, wide", [(None, None), (False, False), (True, False), (None, True)])
+def test_hand_gradient_is_jax_grad_in_float64(shape, by_product, wide):
     with jax.enable_x64(True):
         oaks = pln.load_oaks_counts()
         n, p = shape
@@ -46,10 +46,23 @@ def test_hand_gradient_is_jax_grad_in_float64(shape, by_product):
             d = pln.to_jax(pln.check_pln_data(oaks.counts[:n, :p], oaks.offsets[:n, :p]), jnp.float64)
         params = away_from_start(d)
         ref_value, ref_grads = jax.value_and_grad(pln.loss)(params, d)
-        value, grads = jax.jit(F.value_and_grad_by_hand, static_argnums=2)(params, d, by_product)
+        value, grads = jax.jit(F.value_and_grad_by_hand, static_argnums=(2, 3))(params, d, by_product, wide)
         # float64: a solve with Σ loses up to cond(Σ) × eps; measured ~2e-16 (cond ~1e2)
         assert rel_err(grads, ref_grads) < 1e-12
         assert abs(float(value - ref_value)) < 1e-12 * abs(float(ref_value))
+
+
+def test_wide_products_are_the_p_by_p_ones():
+    """R Σ⁻¹, diag(Σ⁻¹) and log|Σ| through the n×n matrix K equal those through Σ itself (float64)."""
+    with jax.enable_x64(True):
+        r = jax.random.normal(jax.random.key(0), (30, 70), jnp.float64)
+        col_sq = jax.random.uniform(jax.random.key(1), (70,), jnp.float64, 0.5, 3.0)
+        sigma = (r.T @ r + jnp.diag(col_sq)) / 30
+        r_prec, prec_diag, logdet, _ = F.wide_products(r, col_sq)
+        precision = jnp.linalg.inv(sigma)
+        np.testing.assert_allclose(r_prec, r @ precision, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(prec_diag, jnp.diag(precision), rtol=1e-9)
+        np.testing.assert_allclose(logdet, jnp.linalg.slogdet(sigma)[1], rtol=1e-12)
 
 
 def test_custom_vjp_gives_the_hand_gradient(data):
@@ -161,3 +174,10 @@ def test_race_takes_the_data(tmp_path):
         bench_pln.race(pln.to_jax(small), repeats=1, fresh_process=False)
     with pytest.raises(ValueError, match="fit must be one of"):
         bench_pln.race(small, fit="slow", repeats=1, fresh_process=False)
+
+
+@pytest.mark.pinned  # pyPLNmodels needs torch
+def test_first_fit_here_reports_the_dynamo_import():
+    out = bench_pln._first_fit_here(1, preimport=True)
+    assert set(out) == {"import_torch_dynamo_seconds", "first_fit_seconds", "second_fit_seconds"}
+    assert all(v > 0 for v in out.values())

@@ -1,9 +1,10 @@
 """Measuring Part I: the PLN ladder timed in turns, pyPLNmodels' own fit, and the race between them.
 
 The rungs come from ``fastjax.pln.rungs`` (exported from the chapters), so what is timed here is
-the code the reader sees. ``python -m fastjax.pln.bench`` runs the race and prints its figures (``--fit part1``: with Part I's
-fit); ``--cold N`` times pyPLNmodels' first fit in N fresh processes. ``--cache-run`` and
-``--first-fit`` are the fresh processes that ``race`` and ``first_fits`` start.
+the code the reader sees. ``python -m fastjax.pln.bench`` runs the race and prints its figures
+(``--fit part1``: with Part I's fit); ``--cold N`` times pyPLNmodels' first fit in N fresh processes,
+and in N that import ``torch._dynamo`` first. ``--cache-run`` and ``--first-fit`` are the fresh
+processes that ``race`` and ``first_fits`` start.
 """
 
 from __future__ import annotations
@@ -211,10 +212,36 @@ def _fresh_process(*flags: str) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def first_fits(processes: int = 3, repeat: int = 1) -> list[dict[str, float]]:
-    """pyPLNmodels' first ``Pln.fit()`` in a fresh process, then a second one, in each of ``processes``
-    new processes (oaks stacked ``repeat`` times). Seconds. Its first fit carries a one-time cost."""
-    return [_fresh_process("--first-fit", "--repeat", str(repeat)) for _ in range(processes)]
+def first_fits(processes: int = 3, repeat: int = 1) -> dict[str, list[dict[str, float]]]:
+    """pyPLNmodels' first ``Pln.fit()`` in a fresh process, then a second one (oaks stacked ``repeat``
+    times), in ``processes`` new processes of each kind, taken in turns: ``"plain"``, and ``"preimport"``,
+    which imports ``torch._dynamo`` before its first fit (torch's ``Optimizer.__init__`` imports it on
+    first use, and that import is the first fit's one-time cost). Seconds."""
+    out: dict[str, list[dict[str, float]]] = {"plain": [], "preimport": []}
+    for _ in range(processes):
+        out["plain"].append(_fresh_process("--first-fit", "--repeat", str(repeat)))
+        out["preimport"].append(_fresh_process("--first-fit", "--preimport", "--repeat", str(repeat)))
+    return out
+
+
+def _first_fit_here(repeat: int, preimport: bool) -> dict[str, float]:
+    """In this (fresh) process: optionally ``import torch._dynamo``, then two ``Pln.fit()``. Seconds."""
+    import torch  # noqa: F401  (imported before the clock starts, as in any fit)
+
+    with warnings.catch_warnings():  # pyPLNmodels imports pkg_resources, which announces its own deprecation
+        warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+        import pyPLNmodels  # noqa: F401
+
+    data = pln.load_oaks_counts(repeat)
+    out = {}
+    if preimport:
+        t0 = time.perf_counter()
+        import torch._dynamo  # noqa: F401
+
+        out["import_torch_dynamo_seconds"] = time.perf_counter() - t0
+    out["first_fit_seconds"] = fit_pyplnmodels(data)[1]
+    out["second_fit_seconds"] = fit_pyplnmodels(data)[1]
+    return out
 
 
 def _spread(values: list[float]) -> list[float]:
@@ -229,8 +256,8 @@ def race(data: pln.PlnData | None = None, fit: str = "fast", repeats: int | None
     to converge and to reach pyPLNmodels' final ELBO (within 0.05 %), compile apart, compile included, and
     (``fresh_process``) in a fresh process with a warm persistent cache. ``data``: NumPy ``PlnData``
     (default: oaks at the bench's size). Both sides are warmed up first (pyPLNmodels' first fit in a
-    process is slower: ``first_fits``); then ``repeats`` rounds, each running every contender once, in
-    turns, so that a change of load hits all alike. Part I's fit runs in every round too (the old floor).
+    process is slower: its first torch optimizer imports ``torch._dynamo``, see ``first_fits``); then
+    ``repeats`` rounds, each running every contender once, in turns, so that a change of load hits all alike. Part I's fit runs in every round too (the old floor).
     Figures are medians; ``spread`` gives the quartiles of the per-round values and ratios. Seconds."""
     import torch
 
@@ -314,7 +341,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fit", choices=FITS, default="fast", help="the JAX fit (default: Part V's)")
     parser.add_argument("--target", type=float, default=math.inf)
     parser.add_argument("--first-fit", action="store_true", help="(first_fits' own) time this process' first two fits")
-    parser.add_argument("--cold", type=int, metavar="N", help="pyPLNmodels' first and second fit in N fresh processes")
+    parser.add_argument("--preimport", action="store_true", help="(with --first-fit) import torch._dynamo first")
+    parser.add_argument("--cold", type=int, metavar="N",
+                        help="pyPLNmodels' first and second fit in N fresh processes, and in N that import torch._dynamo first")
     parser.add_argument("--repeat", type=int, default=1, help="oaks stacked this many times (--first-fit, --cold)")
     parser.add_argument("--scrna", type=int, nargs=2, metavar=("CELLS", "GENES"),
                         help="race on pyPLNmodels' single-cell counts instead of oaks")
@@ -323,10 +352,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.cache_run:
         print(json.dumps(cache_run(args.cache_run, args.data, args.target, args.fit)))
     elif args.first_fit:
-        data = pln.load_oaks_counts(args.repeat)
-        print(json.dumps({"first_fit_seconds": fit_pyplnmodels(data)[1], "second_fit_seconds": fit_pyplnmodels(data)[1]}))
+        print(json.dumps(_first_fit_here(args.repeat, args.preimport)))
     elif args.cold:
-        print(json.dumps(first_fits(args.cold, args.repeat), indent=2))
+        fits = first_fits(args.cold, args.repeat)
+        print(json.dumps(fits, indent=2))
+        for kind, rows in fits.items():
+            print(kind + ": " + ", ".join(f"{k} {np.median([r[k] for r in rows]):.3f} s" for k in rows[0]) + " (medians)")
     else:
         data = pln.load_scrna_counts(*args.scrna) if args.scrna else None
         result = race(data, fit=args.fit, repeats=args.rounds, fresh_process=not args.scrna)

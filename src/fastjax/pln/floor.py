@@ -34,9 +34,24 @@ def precision_products(r: Any, chol: Any, col_sq: Any, by_product: bool | None =
     return r_prec, (n - jnp.sum(r * r_prec, axis=0)) / col_sq
 
 
-def value_and_grad_by_hand(params: tuple[Any, Any], data: pln.PlnData,
-                           by_product: bool | None = None) -> tuple[Any, tuple[Any, Any]]:
-    """``pln.loss`` (the negative profiled ELBO) at ``params = (M, S)`` and its gradient, in closed form."""
+def wide_products(r: Any, col_sq: Any) -> tuple[Any, Any, Any, Any]:
+    """``R Σ⁻¹``, ``diag(Σ⁻¹)`` and ``log|Σ|`` for ``Σ = (RᵀR + D)/n`` (``D = diag(col_sq)``) without
+    forming Σ: through the n×n matrix ``K = I + R D⁻¹ Rᵀ = C Cᵀ`` (fewer flops where n < p). Also C."""
+    n, p = r.shape
+    k = jnp.eye(n, dtype=r.dtype) + (r / col_sq) @ r.T               # K = I + R D⁻¹ Rᵀ (n×n)
+    chol = jnp.linalg.cholesky(k)
+    w = jsl.cho_solve((chol, True), r)                               # K⁻¹ R: two triangular solves
+    r_prec = n * w / col_sq                                          # R Σ⁻¹ = n K⁻¹ R D⁻¹
+    prec_diag = n * (1 - jnp.sum(r * w, axis=0) / col_sq) / col_sq   # n [D⁻¹ − D⁻¹ Rᵀ K⁻¹ R D⁻¹]_jj
+    logdet = jnp.sum(jnp.log(col_sq / n)) + 2 * jnp.sum(jnp.log(jnp.diag(chol)))  # |D/n| |K|
+    return r_prec, prec_diag, logdet, chol
+
+
+def value_and_grad_by_hand(params: tuple[Any, Any], data: pln.PlnData, by_product: bool | None = None,
+                           wide: bool | None = None) -> tuple[Any, tuple[Any, Any]]:
+    """``pln.loss`` (the negative profiled ELBO) at ``params = (M, S)`` and its gradient, in closed form.
+    ``wide``: through the n×n matrix of ``wide_products`` (``None``: where n < p); else through Σ's
+    Cholesky factor and ``precision_products`` (``by_product``)."""
     if not any(isinstance(a, jax.core.Tracer) for a in jax.tree.leaves(params)):
         pln.check_params(params, data)                             # called eagerly: check the input first
     m, s = params
@@ -46,9 +61,15 @@ def value_and_grad_by_hand(params: tuple[Any, Any], data: pln.PlnData,
     a = jnp.exp(o + m + 0.5 * s2)                                  # A = E[exp(O + Z)]
     r = m - x @ jnp.linalg.solve(x.T @ x, x.T @ m)                 # R = M − XB, B in closed form
     col_sq = jnp.sum(s2, axis=0)                                   # diagonal of D
-    chol = jnp.linalg.cholesky((r.T @ r + jnp.diag(col_sq)) / n)   # Σ = L Lᵀ
-    r_prec, prec_diag = precision_products(r, chol, col_sq, by_product)
-    elbo = (-n * jnp.sum(jnp.log(jnp.diag(chol)))                  # −(n/2) log|Σ|
+    if wide is None:
+        wide = n < m.shape[1]                                      # fewer rows than columns
+    if wide:
+        r_prec, prec_diag, logdet, chol = wide_products(r, col_sq)
+    else:
+        chol = jnp.linalg.cholesky((r.T @ r + jnp.diag(col_sq)) / n)  # Σ = L Lᵀ
+        r_prec, prec_diag = precision_products(r, chol, col_sq, by_product)
+        logdet = 2 * jnp.sum(jnp.log(jnp.diag(chol)))
+    elbo = (-0.5 * n * logdet                                      # −(n/2) log|Σ|
             + jnp.sum(y * (o + m) - a + 0.5 * jnp.log(s2)) - data.log_factorial)
     grads = (a + r_prec - y, s * (a + prec_diag) - 1 / s)          # of −ELBO
     if not isinstance(elbo, jax.core.Tracer):                      # called eagerly: name what failed
