@@ -53,6 +53,23 @@ def unraised(nb) -> list[int]:
             and not any(o.get("output_type") == "error" for o in c.get("outputs", []))]
 
 
+def wrongly_raised(nb) -> list[str]:
+    """One line per code cell tagged raises-exception whose error is not the class its ``raises``
+    option names (``:raises: ValueError`` under the tag), or that names none: a cell that fails on
+    purpose must fail the way the page says, not with any error at all."""
+    out = []
+    for i, c in enumerate(code_cells(nb)):
+        if "raises-exception" not in c.metadata.get("tags", []):
+            continue
+        want = c.metadata.get("raises")
+        errors = [o.get("ename") for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        if not want:
+            out.append(f"code cell {i + 1}: tagged raises-exception without a ':raises: ExceptionClass' line")
+        elif errors and errors[0] != want:
+            out.append(f"code cell {i + 1}: raised {errors[0]}, but its ':raises:' line says {want}")
+    return out
+
+
 def execute(page: str) -> nbformat.NotebookNode:
     """Run ``page`` top to bottom in a fresh kernel, in its folder; return the executed notebook."""
     nb = jupytext.read(ROOT / f"{page}.md")
@@ -72,6 +89,28 @@ def test_every_chapter_is_in_the_toc():
 def test_no_chapter_source_carries_the_colab_install_cell():
     for page in toc_files():
         assert "FASTJAX_FORCE_INSTALL" not in (ROOT / f"{page}.md").read_text(), f"{page}: install cell in the source"
+
+
+def test_wrongly_raised_finds_a_cell_that_failed_another_way_or_names_no_class():
+    def cell(ename, raises):
+        c = nbformat.v4.new_code_cell("f()", metadata={"tags": ["raises-exception"]})
+        if raises:
+            c.metadata["raises"] = raises
+        c.outputs = [nbformat.v4.new_output("error", ename=ename, evalue="", traceback=[])]
+        return c
+
+    nb = nbformat.v4.new_notebook(cells=[cell("ValueError", "ValueError"), cell("NameError", "ValueError"),
+                                         cell("ValueError", None)])
+    found = wrongly_raised(nb)
+    assert len(found) == 2 and "raised NameError, but its ':raises:' line says ValueError" in found[0]
+    assert "without a ':raises: ExceptionClass' line" in found[1]
+
+
+def test_every_raises_cell_in_the_sources_names_its_class():
+    missing = [f"{page}: code cell {i + 1}" for page in toc_files()
+               for i, c in enumerate(code_cells(jupytext.read(ROOT / f"{page}.md")))
+               if "raises-exception" in c.metadata.get("tags", []) and not c.metadata.get("raises")]
+    assert missing == [], "tagged raises-exception without ':raises: ExceptionClass': " + ", ".join(missing)
 
 
 def test_unraised_finds_a_tagged_cell_that_did_not_raise():
@@ -95,6 +134,8 @@ def test_chapter_executes(page):
         pytest.fail(f"{page}: a cell failed\n{err}", pytrace=False)
     silent = [i + 1 for i in unraised(nb)]
     assert silent == [], f"{page}: code cells {silent} (counting from 1) are tagged raises-exception but did not raise"
+    wrong = wrongly_raised(nb)
+    assert wrong == [], f"{page}: " + "; ".join(wrong)
     # keep it for the book build (phase 2), which must render it without executing it again
     nb.metadata["mystnb"] = {"execution_mode": "off"}
     target = EXECUTED / f"{page}.ipynb"
