@@ -89,3 +89,11 @@ def test_bad_names_and_answers_get_clear_errors(toy):
     with pytest.raises(ValueError, match="must start with one of"):
         ex.register(ex.Exercise(name="x-1", title="", part="", page="", skill="", minutes=1,
                                 arguments=tuple, reference=reference, same=lambda g, w: None))
+
+
+def test_checks_and_solutions_record_their_run_time_for_the_workshop_page(toy, tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTJAX_MEASUREMENTS", str(tmp_path))
+    ex.check("method-toy", reference, time_it=False)
+    ex.record("method-toy", "solution", 1.5)
+    kept = ex.recorded()["method-toy"]
+    assert kept["solution"] == 1.5 and 0 < kept["check"] < 60

@@ -16,12 +16,18 @@ nothing, so a count above zero means the answer retraces on every call.
 
     from fastjax import exercises
     exercises.check("pln-1", my_fit)          # a Report: right or not, how fast, what to look at
+
+Each check, and each solution that calls ``record``, leaves the seconds it took in the build's
+measurements folder (``fastjax.bench.measurements_dir()``), so that the workshop page can show how long
+every exercise keeps the machine busy (``recorded``).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import math
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -260,11 +266,47 @@ def _failure(err: BaseException) -> str:
     return f"{type(err).__name__}: {message[:300]}{where}"
 
 
+def record(name: str, what: str, seconds: float) -> None:
+    """Keep the seconds that ``what`` ("check" or "solution") of exercise ``name`` took on this machine,
+    for the workshop page. A folder that cannot be written is skipped: the record is a convenience."""
+    from fastjax.bench import measurements_dir
+
+    folder = measurements_dir() / "exercises"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name}.json"
+        data = json.loads(path.read_text()) if path.is_file() else {}
+        data[what] = float(seconds)
+        path.write_text(json.dumps(data))
+    except (OSError, ValueError):
+        pass
+
+
+def recorded() -> dict[str, dict[str, float]]:
+    """The seconds kept by ``record``: ``{exercise name: {"check": s, "solution": s}}``."""
+    from fastjax.bench import measurements_dir
+
+    out = {}
+    for path in sorted((measurements_dir() / "exercises").glob("*.json")):
+        try:
+            out[path.stem] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def check(name: str, answer: Callable[..., Any], repeats: int | None = None, time_it: bool = True) -> Report:
     """Check ``answer`` against exercise ``name``'s reference: is its result the same, and how fast is it?
 
     Returns a :class:`Report` (shown as plain text in a notebook). ``repeats`` overrides the exercise's
     rounds of the timing race; ``time_it=False`` only checks the result."""
+    t0 = time.perf_counter()
+    report = _check(name, answer, repeats, time_it)
+    record(name, "check", time.perf_counter() - t0)
+    return report
+
+
+def _check(name: str, answer: Callable[..., Any], repeats: int | None, time_it: bool) -> Report:
     exercise = get(name)
     if not callable(answer):
         raise TypeError(f"check({name!r}, answer): the answer must be a function; got {type(answer).__name__}")
@@ -314,4 +356,5 @@ def check(name: str, answer: Callable[..., Any], repeats: int | None = None, tim
     return report
 
 
-__all__ = ["Exercise", "Report", "REGISTRY", "SLOW_FACTOR", "all_exercises", "check", "get", "register", "same_arrays"]
+__all__ = ["Exercise", "Report", "REGISTRY", "SLOW_FACTOR", "all_exercises", "check", "get", "record", "recorded",
+           "register", "same_arrays"]
