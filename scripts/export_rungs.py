@@ -2,9 +2,9 @@
 
 A code cell whose first line is ``#| export`` in a chapter is copied, in the order of ``_toc.yml``
 (the marker line dropped), into the module of its example that ``TARGETS`` names for the page (or
-its folder): Part I into ``fastjax/pln/rungs.py``, Part II into ``fastjax/resnet/rungs.py``, Part V's
-PLN and ResNet floors into ``fastjax/pln/floor.py`` and ``fastjax/resnet/floor.py``. A page with
-exported cells and no entry is an error naming the page. The Results pages, the bench and the tests
+its folder): Part I into ``fastjax/pln/rungs.py`` (rung 6, which needs Flax, into ``rungs_nnx.py``),
+Part II into ``fastjax/resnet/rungs.py``, Part V's PLN and ResNet floors into ``fastjax/pln/floor.py``
+and ``fastjax/resnet/floor.py``. A page with exported cells and no entry is an error naming the page. The Results pages, the bench and the tests
 import the rungs from there, so what they time is the code the reader sees. Exported cells must run
 as a module: imports in an exported cell, no notebook-only statements.
 
@@ -34,6 +34,9 @@ PACKAGE = ROOT / "src" / "fastjax"
 # Where each page's exported cells go: a page (as _toc.yml names it) or its folder -> (module, what it holds).
 TARGETS = {
     "chapters/pln": ("pln/rungs.py", "Part I's PLN rungs"),
+    # rung 6 has a module of its own: it needs flax.nnx, which a script fitting with Part V's floor
+    # (it imports pln/rungs.py) should not pay for (chapters/floor/04-first-result.md measures it)
+    "chapters/pln/06-split-merge": ("pln/rungs_nnx.py", "Part I's PLN rung 6 (Flax NNX)"),
     "chapters/resnet": ("resnet/rungs.py", "Part II's ResNet rungs"),
     "chapters/floor/01-pln-gradient": ("pln/floor.py", "Part V's PLN floor"),
     "chapters/floor/02-rprop-memory": ("pln/floor.py", "Part V's PLN floor"),

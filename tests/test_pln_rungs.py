@@ -1,4 +1,4 @@
-"""The PLN rungs exported from the chapters (fastjax.pln.rungs) all run pyPLNmodels' fit, iteration by iteration."""
+"""The PLN rungs exported from the chapters (fastjax.pln.rungs, rung 6 in fastjax.pln.rungs_nnx) all run pyPLNmodels' fit, iteration by iteration."""
 
 from __future__ import annotations
 
@@ -59,7 +59,9 @@ def test_compiled_rungs_give_the_scan_trajectory(data, reference, fit):
 
 
 def test_nnx_paths_give_the_scan_trajectory(data, reference):
-    steppers = R.nnx_steppers(data)
+    from fastjax.pln import rungs_nnx
+
+    steppers = rungs_nnx.nnx_steppers(data)
     assert {"nnx.jit", "jax.jit + split/merge"} <= set(steppers)
     for how, (step, params) in steppers.items():
         elbos = np.asarray(jnp.stack([step() for _ in range(N_ITER)]))

@@ -81,7 +81,9 @@ def measure_ladder(data: pln.PlnData | None = None) -> dict[str, Any]:
         "4 NamedTuple": (lambda: R.namedtuple_fit(st0, data, n_iter=nt), nt),
         "5 pytree class": (lambda: model0.fit(data, n_iter=nt), nt),
     }
-    for how, (step, _) in R.nnx_steppers(data).items():
+    from fastjax.pln import rungs_nnx  # rung 6 (Flax NNX): a module of its own, imported only where timed
+
+    for how, (step, _) in rungs_nnx.nnx_steppers(data).items():
         calls[f"6 {how}"] = (python_loop(step, nt), nt)
     fast_args = (p0, data, np.float32(0), np.float32(math.inf))  # tolerance 0: all nt iterations
     fast = compile_time(_fit("fast"), *fast_args, maxiter=nt)
