@@ -57,3 +57,13 @@ def test_profile_iteration_names_each_piece():
     assert [t.name for t in parts] == ["ELBO", "log|Σ| term + its gradient", "ELBO + gradient",
                                        "whole Rprop step (scan)", "whole step + criterion (while_loop)"]
     assert all(t.median > 0 for t in parts)
+
+
+def test_whole_process_races_each_size_and_keys_it_by_n(monkeypatch):
+    from fastjax.pln import first_result
+
+    calls = []
+    monkeypatch.setattr(first_result, "race", lambda **kw: calls.append(kw) or {"n": 116 * kw["repeat"]})
+    out = bench_pln.whole_process(repeats=(1, 3), rounds=2)
+    assert list(out) == ["n=116", "n=348"] and [c["repeat"] for c in calls] == [1, 3]
+    assert all(c["rounds"] == 2 for c in calls)

@@ -4,7 +4,9 @@ The rungs come from ``fastjax.pln.rungs`` (exported from the chapters), so what 
 the code the reader sees. ``python -m fastjax.pln.bench`` runs the race and prints its figures
 (``--fit part1``: with Part I's fit); ``--cold N`` times pyPLNmodels' first fit in N fresh processes,
 and in N that import ``torch._dynamo`` first. ``--cache-run`` and ``--first-fit`` are the fresh
-processes that ``race`` and ``first_fits`` start.
+processes that ``race`` and ``first_fits`` start. ``--whole`` races the scripts as whole processes
+(``whole_process``: pyPLNmodels' script, the book's, its caches, ``python -m fastjax.pln.fit``) and
+prints their figures as JSON.
 """
 
 from __future__ import annotations
@@ -336,8 +338,24 @@ def race(data: pln.PlnData | None = None, fit: str = "fast", repeats: int | None
     return out
 
 
+def whole_process(repeats: tuple[int, ...] | None = None, rounds: int | None = None) -> dict[str, Any]:
+    """The whole-process race of ``fastjax.pln.first_result`` (chapters/floor/04-first-result.md) on oaks
+    stacked each of ``repeats`` times (default: 1 at the quick size, 1 and 100 at full), ``rounds`` rounds
+    in turns (default 2 quick, 5 full): per size, each script's median wall, CPU and peak memory and its
+    per-round ratios to pyPLNmodels' script and to a bare JAX process."""
+    from fastjax.pln import first_result
+
+    quick = settings().size == "quick"
+    repeats = ((1,) if quick else (1, 100)) if repeats is None else repeats
+    rounds = (2 if quick else 5) if rounds is None else rounds
+    return {f"n={116 * r}": first_result.race(repeat=r, rounds=rounds, quick=quick) for r in repeats}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--whole", action="store_true",
+                        help="race the scripts as whole processes (--repeat-list sizes, --rounds rounds)")
+    parser.add_argument("--repeat-list", type=int, nargs="+", help="(with --whole) oaks stacked these many times")
     parser.add_argument("--cache-run", metavar="DIR", help="(race's own) time the first call with the persistent cache in DIR")
     parser.add_argument("--data", help="(with --cache-run) the .npz file of the data")
     parser.add_argument("--fit", choices=FITS, default="fast", help="the JAX fit (default: Part V's)")
@@ -351,7 +369,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="race on pyPLNmodels' single-cell counts instead of oaks")
     parser.add_argument("--rounds", type=int, help="rounds of the race (default: the size's)")
     args = parser.parse_args(argv)
-    if args.cache_run:
+    if args.whole:
+        print(json.dumps(whole_process(tuple(args.repeat_list) if args.repeat_list else None, args.rounds), indent=2))
+    elif args.cache_run:
         print(json.dumps(cache_run(args.cache_run, args.data, args.target, args.fit)))
     elif args.first_fit:
         print(json.dumps(_first_fit_here(args.repeat, args.preimport)))

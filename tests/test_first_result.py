@@ -1,0 +1,77 @@
+"""fastjax.pln.first_result: processes measured from outside, races in turns, stages and import times read back."""
+
+from __future__ import annotations
+
+import sys
+
+import fastjax  # noqa: F401
+import numpy as np
+import pytest
+
+from fastjax.pln import first_result as W
+
+
+def test_run_process_measures_wall_cpu_and_memory():
+    # a process that holds ~200 MB and spins ~0.3 s of CPU: the OS's counts must see both
+    code = ("import json, time\nb = bytearray(200 * 2**20)\nb[::4096] = b'x' * len(b[::4096])\n"
+            "t = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nprint(json.dumps({'ok': 1}))")
+    run = W.run_process([sys.executable, "-c", code])
+    assert run.printed == {"ok": 1}
+    assert run.peak_mib > 190 and run.cpu >= 0.3 and run.wall >= run.cpu * 0.5
+
+
+def test_run_process_reports_a_failure_with_its_stderr():
+    with pytest.raises(RuntimeError, match="exited 3: boom"):
+        W.run_process([sys.executable, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"])
+
+
+def test_contenders_quick_keeps_the_race_small():
+    full, quick = W.contenders(), W.contenders(quick=True)
+    assert {c.name for c in quick} < {c.name for c in full}
+    kinds = {(c.kind, c.first) for c in quick}
+    assert {("pyplnmodels", False), ("book", False), ("command", True), ("command", False), ("jax", False),
+            ("jax+lapack", False)} <= kinds
+    assert not any(c.first_ever for c in quick)
+
+
+def test_race_of_the_two_floors_gives_medians_and_ratios_per_round():
+    chosen = [c for c in W.contenders() if c.kind in ("jax", "numpy")]
+    out = W.race(rounds=2, chosen=chosen)
+    jax_row, numpy_row = (out["contenders"][c.name] for c in chosen)
+    assert out["n"] == 116 and out["rounds"] == 2 and len(jax_row["runs"]) == 2
+    assert jax_row["over_jax_floor"] == 1.0  # each round's JAX process over itself
+    assert numpy_row["over_jax_floor"] < 1.0  # numpy alone starts faster than numpy + jax
+    q1, q3 = jax_row["wall_quartiles"]
+    assert q1 <= jax_row["wall"] <= q3 and jax_row["peak_mib"] > numpy_row["peak_mib"]
+    assert "speedup" not in jax_row  # no pyPLNmodels in this race
+
+
+def test_stages_add_up_to_the_wall_time():
+    run = {"wall": 2.0, "printed": {"stages": [["a", 0.5], ["b", 1.0]]}}
+    result = {"contenders": {"x": {"runs": [run, {**run, "wall": 3.0}, run]}}}
+    parts = W.stages(result, "x")
+    assert parts[0][0].startswith("interpreter start-up") and parts[0][1] == pytest.approx(0.5)
+    assert dict(parts[1:]) == {"a": 0.5, "b": 1.0}
+    assert W.stages({"contenders": {"y": {"runs": [{"wall": 1.0, "printed": {}}]}}}, "y") == []
+
+
+def test_import_times_reads_python_x_importtime():
+    rows = W.import_times(["-c", "import json"])
+    names = {r.name: (r.seconds, r.depth) for r in rows}
+    assert all(0 <= r.own <= r.seconds for r in rows)
+    assert names["json"][1] == 0 and names["json.decoder"][1] >= 1
+    assert all(s >= 0 for s, _ in names.values())
+    order = [r.name for r in rows]
+    assert order.index("json.decoder") < order.index("json")  # Python reports a module after what it imported
+    with pytest.raises(RuntimeError, match="failed"):
+        W.import_times(["-c", "import no_such_module_here"])
+
+
+def test_scripts_format_and_write(tmp_path):
+    race = W.Race(tmp_path, repeat=1)
+    assert race.data.is_file() and np.load(race.data)["counts"].shape == (116, 114)
+    for kind, path in race.scripts.items():
+        compile(path.read_text(), str(path), "exec")  # each script is valid Python
+        assert not path.stem in ("numpy", "jax")  # a script named numpy.py would shadow numpy
+    book = race.scripts["persistent"].read_text()
+    assert "jax_persistent_cache_min_compile_time_secs" in book and "maxiter=400" in book
