@@ -35,7 +35,7 @@ def test_load_scrna_counts_reads_the_first_cells_and_genes():
     import pandas as pd
 
     data = pln.load_scrna_counts(30, 40)
-    raw = pd.read_csv(pln._data_folder("scRT") / "counts.csv", nrows=30).to_numpy()[:, :40]
+    raw = pd.read_csv(pln.data_folder("scRT") / "counts.csv", nrows=30).to_numpy()[:, :40]
     keep = raw.sum(axis=0) > 0
     np.testing.assert_array_equal(data.counts, raw[:, keep])
     n, p, d = data.shape
@@ -102,6 +102,83 @@ def test_count_collectives_counts_instructions_not_names():
 def test_count_collectives_wants_text():
     with pytest.raises(TypeError, match="HLO text"):
         sharding.count_collectives(None)
+    with pytest.raises(TypeError, match="HLO text"):
+        sharding.collectives_per_call(b"HloModule m")
+
+
+LOOP_HLO = textwrap.dedent("""\
+    HloModule m
+
+    %add (a: f32[], b: f32[]) -> f32[] {
+      ROOT %s = f32[] add(f32[] %a, f32[] %b)
+    }
+
+    %inner_body (p: (s32[], f32[])) -> (s32[], f32[]) {
+      %ags = (f32[1]{0}, f32[2]{0}) all-gather-start(f32[1]{0} %y), dimensions={0}
+      %agd = f32[2]{0} all-gather-done((f32[1]{0}, f32[2]{0}) %ags)
+      ROOT %t = (s32[], f32[]) tuple(%i, %x)
+    }
+
+    %inner_cond (p: (s32[], f32[])) -> pred[] {
+      ROOT %lt = pred[] compare(s32[] %i, s32[] %n), direction=LT
+    }
+
+    %body (p: (s32[], f32[])) -> (s32[], f32[]) {
+      %ar.1 = f32[] all-reduce(f32[] %x), replica_groups={}, to_apply=%add
+      %ar.2 = (f32[4]{0}, f32[]) all-reduce(f32[4]{0} %a, f32[] %b), to_apply=%add
+      %w = (s32[], f32[]) while((s32[], f32[]) %t0), condition=%inner_cond, body=%inner_body, backend_config={"known_trip_count":{"n":"3"}}
+      ROOT %t = (s32[], f32[]) tuple(%i, %x)
+    }
+
+    %cond (p: (s32[], f32[])) -> pred[] {
+      ROOT %lt = pred[] compare(s32[] %i, s32[] %n), direction=LT
+    }
+
+    ENTRY %main (x: f32[]) -> (s32[], f32[]) {
+      %ar.0 = f32[] all-reduce(f32[] %x), replica_groups={}, to_apply=%add
+      ROOT %w = (s32[], f32[]) while((s32[], f32[]) %t0), condition=%cond, body=%body, metadata={op_name="jit(f)/while/body"}, backend_config={"known_induction_variable":{"tuple_index":"0"},"known_trip_count":{"n":"10"}}
+    }
+    """)
+
+
+def test_collectives_per_call_counts_executions_not_instructions():
+    """3 all-reduce and 1 all-gather instructions; one call runs 1 + 10 × 2 all-reduces and 10 × 3
+    all-gathers (a loop of 3 trips inside a loop of 10)."""
+    assert sharding.count_collectives(LOOP_HLO)["all-reduce"] == 3
+    assert sharding.count_collectives(LOOP_HLO)["all-gather"] == 1
+    executed = sharding.collectives_per_call(LOOP_HLO)
+    assert executed["all-reduce"] == 21 and executed["all-gather"] == 30 and executed["reduce-scatter"] == 0
+
+
+def test_collectives_per_call_refuses_what_the_text_does_not_tell():
+    unknown = LOOP_HLO.replace(',"known_trip_count":{"n":"10"}', "")
+    with pytest.raises(ValueError, match="does not know its trip count"):
+        sharding.collectives_per_call(unknown)
+    branchy = LOOP_HLO.replace(
+        "  ROOT %w = (s32[], f32[]) while((s32[], f32[]) %t0), condition=%cond",
+        "  %c = f32[] conditional(pred[] %p, f32[] %x, f32[] %x), true_computation=%body, false_computation=%add\n"
+        "  ROOT %w = (s32[], f32[]) while((s32[], f32[]) %t0), condition=%cond")
+    with pytest.raises(ValueError, match="conditional branch"):
+        sharding.collectives_per_call(branchy)
+    with pytest.raises(ValueError, match="no ENTRY"):
+        sharding.collectives_per_call("%add (a: f32[]) -> f32[] {\n}\n")
+
+
+def test_collectives_per_call_on_a_compiled_scan():
+    """A real program: a scan of 7 steps over an array split over 2 devices, each step summing it.
+    XLA compiles one all-reduce instruction into the loop's body; one call runs it 7 times."""
+    out = run_python("""
+        import fastjax
+        from fastjax.scale import sharding
+        sharding.use_cpu_devices(2)
+        import jax, jax.numpy as jnp
+        x = sharding.shard_rows(jnp.arange(8.0), sharding.sample_mesh(2, explicit=False))
+        step = lambda c, _: (jnp.tanh(c + c.sum()), None)
+        hlo = jax.jit(lambda v: jax.lax.scan(step, v, length=7)[0]).lower(x).compile().as_text()
+        print(sharding.count_collectives(hlo)["all-reduce"], sharding.collectives_per_call(hlo)["all-reduce"])
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-2:] == ["1", "7"]
 
 
 def test_import_fastjax_does_not_start_the_backend():
@@ -129,6 +206,12 @@ def test_use_cpu_devices_before_the_backend_gives_that_many_devices():
     """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["4", "4", "4"]
+
+
+@pytest.mark.parametrize("n", [sharding.MAX_CPU_DEVICES + 1, 10**6])
+def test_use_cpu_devices_refuses_more_than_its_maximum(n):
+    with pytest.raises(ValueError, match=rf"must be at most {sharding.MAX_CPU_DEVICES}; got {n:,}"):
+        sharding.use_cpu_devices(n)  # refused before JAX is touched: safe in this process
 
 
 def test_use_cpu_devices_after_the_backend_started_names_the_fix():
@@ -165,6 +248,12 @@ def test_shard_rows_refuses_rows_the_mesh_cannot_split():
     assert out.returncode == 0, out.stderr
     assert "6 rows do not split evenly over 4 devices" in out.stdout
     assert "at most the 4 devices" in out.stdout
+
+
+def test_shard_rows_with_an_axis_the_mesh_lacks_names_its_axes():
+    mesh = sharding.sample_mesh(1)  # one device of whatever backend this process has
+    with pytest.raises(ValueError, match=r"axis 'batch' is not an axis of the mesh; its axes are \('samples',\)"):
+        sharding.shard_rows(np.zeros((4, 2)), mesh, axis="batch")
 
 
 # ----------------------------------------------------------------------------- "the same fit"

@@ -90,7 +90,7 @@ def check_pln_data(counts: Any, offsets: Any = None, covariates: Any = None) -> 
     return PlnData(y, o, x, float(np.sum(log_stirling(y))))
 
 
-def _data_folder(name: str) -> Path:
+def data_folder(name: str) -> Path:
     """The folder of one data set shipped inside pyPLNmodels (``oaks``, ``scRT``), found without importing it."""
     spec = importlib.util.find_spec("pyPLNmodels")  # finds the package without importing torch
     if spec is None or not spec.submodule_search_locations:
@@ -107,7 +107,7 @@ def load_oaks_counts(repeat: int = 1) -> PlnData:
     import pandas as pd
 
     repeat = checks.check_positive_int(repeat, "repeat")
-    folder = _data_folder("oaks")
+    folder = data_folder("oaks")
     counts = pd.read_csv(folder / "counts.csv").to_numpy()
     offsets = np.log(pd.read_csv(folder / "offsets.csv").to_numpy().astype(np.float64))
     return check_pln_data(np.tile(counts, (repeat, 1)), np.tile(offsets, (repeat, 1)))
@@ -129,7 +129,7 @@ def load_scrna_counts(n_samples: int = 400, dim: int = 100) -> PlnData:
         if value > limit:
             raise ValueError(f"{name} must be at most {limit} (pyPLNmodels ships {limit} {what} of the "
                              f"single-cell data); got {value}")
-    counts = pd.read_csv(_data_folder("scRT") / "counts.csv", nrows=n_samples, usecols=range(dim)).to_numpy()
+    counts = pd.read_csv(data_folder("scRT") / "counts.csv", nrows=n_samples, usecols=range(dim)).to_numpy()
     return check_pln_data(counts)
 
 

@@ -7,6 +7,17 @@ error (its stderr tail in the message), a process that could not join the others
 ``jax.distributed.initialize`` timeout (naming it and the processes that never started), or the whole
 run passing ``timeout``. On any failure every process still running is killed.
 
+The job stays on this machine and dies with its launcher:
+
+- Process 0's coordination service listens on 127.0.0.1 only. ``jax.distributed.initialize`` binds it
+  to ``coordinator_bind_address``, by default ``[::]:PORT`` (every interface: anyone on the network
+  could reach it); without that argument it reads ``JAX_COORDINATOR_BIND_ADDRESS`` (jax 0.10.2 to
+  0.12, ``jax/_src/distributed.py``), which ``run`` sets to ``127.0.0.1:PORT``.
+- Each worker dies with the process that called ``run``, even one killed outright (a dead notebook
+  kernel): on Linux through the kernel's parent-death signal (``prctl(PR_SET_PDEATHSIG, SIGKILL)``,
+  set by a small wrapper that then ``exec``s the worker), elsewhere through a wrapper that waits on the
+  worker and kills it when its own parent is gone (``WATCH_SECONDS``).
+
 The worker reads its part from the environment (a cluster's launcher, such as SLURM's ``srun``, sets
 its own variables, which ``jax.distributed.initialize()`` reads by itself)::
 
@@ -18,6 +29,7 @@ its own variables, which ``jax.distributed.initialize()`` reads by itself)::
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -39,6 +51,33 @@ NUM_PROCESSES = "FASTJAX_NUM_PROCESSES"
 PROCESS_ID = "FASTJAX_PROCESS_ID"
 JOIN_TIMEOUT = "FASTJAX_JOIN_TIMEOUT"  # seconds jax.distributed.initialize waits for the others
 OUT = "FASTJAX_OUT"  # folder where save_result writes process-<id>.npz
+BIND = "JAX_COORDINATOR_BIND_ADDRESS"  # read by jax.distributed.initialize when not given the argument
+WATCH_SECONDS = 0.5  # where there is no parent-death signal: how often a worker's wrapper checks its parent
+# How a worker is tied to its launcher: "pdeathsig" (Linux) or "watch" (elsewhere, and to test it).
+DEATH_LINK = "pdeathsig" if sys.platform.startswith("linux") else "watch"
+# Run as ``python -c WRAPPER LINK PARENT_PID WATCH_SECONDS script args...``: the worker dies with PARENT_PID.
+WRAPPER = """\
+import ctypes, os, signal, subprocess, sys, time
+link, parent, every, argv = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), [sys.executable, *sys.argv[4:]]
+if link == "pdeathsig":
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # 1: PR_SET_PDEATHSIG, kept across exec
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        sys.exit("the launcher is gone")
+    os.execv(sys.executable, argv)
+child = subprocess.Popen(argv)
+while child.poll() is None:
+    if os.getppid() != parent:  # the launcher is gone: take the worker down with this wrapper
+        child.kill()
+        child.wait()
+        sys.exit("the launcher is gone")
+    time.sleep(every)
+if child.returncode < 0:  # killed by a signal: end the same way, so that the launcher reports it
+    signal.signal(-child.returncode, signal.SIG_DFL)
+    os.kill(os.getpid(), -child.returncode)
+sys.exit(child.returncode)
+"""
 # What jaxlib writes to stderr when jax.distributed.initialize gives up waiting for the other
 # processes (it aborts the process; seen with jaxlib 0.10.2 and 0.12.0.1).
 JOIN_FAILURE_SIGNS = ("RegisterTask", "Barrier timed out")
@@ -116,7 +155,7 @@ def run(script: str | Path, num_processes: int, args: Sequence[str] = (), timeou
         join_timeout: int = 60, env: dict[str, str] | None = None, start_only: Sequence[int] | None = None) -> Run:
     """Run ``python script *args`` as processes 0 … num_processes−1 of one JAX job on 127.0.0.1.
 
-    ``timeout``: seconds for the whole run; ``join_timeout``: seconds each process gives
+    ``timeout``: seconds for the whole run (finite); ``join_timeout``: seconds each process gives
     ``jax.distributed.initialize`` (passed in ``FASTJAX_JOIN_TIMEOUT``); ``env``: extra environment
     variables; ``start_only``: start only these process ids (to show what happens when one is missing).
     Raises ``ProcessFailed``/``JoinTimeout`` (every started process killed) instead of hanging."""
@@ -125,20 +164,24 @@ def run(script: str | Path, num_processes: int, args: Sequence[str] = (), timeou
     script = Path(script)
     if not script.is_file():
         raise FileNotFoundError(f"script {script} does not exist")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds; got {type(timeout).__name__} {timeout!r}")
+    if not (math.isfinite(timeout) and timeout > 0):  # inf (or nan) would let a stuck job hang forever
+        raise ValueError(f"timeout must be a finite positive number of seconds; got {timeout!r}")
     started = list(range(num_processes)) if start_only is None else [int(i) for i in start_only]
     if not started or len(set(started)) != len(started) or not all(0 <= i < num_processes for i in started):
         raise ValueError(f"start_only must name distinct process ids in [0, {num_processes}); got {start_only}")
     folder = Path(tempfile.mkdtemp(prefix="fastjax-launch-"))
-    base = {**os.environ, **(env or {}), COORDINATOR: f"127.0.0.1:{free_port()}",
+    address = f"127.0.0.1:{free_port()}"
+    base = {**os.environ, **(env or {}), COORDINATOR: address, BIND: address,
             NUM_PROCESSES: str(num_processes), JOIN_TIMEOUT: str(join_timeout), OUT: str(folder)}
+    tie = [sys.executable, "-c", WRAPPER, DEATH_LINK, str(os.getpid()), str(WATCH_SECONDS)]  # dies with us
     procs: dict[int, subprocess.Popen] = {}
     t0 = time.perf_counter()
     try:
         for i in started:
             with open(folder / f"process-{i}.out", "w") as out, open(folder / f"process-{i}.err", "w") as err:
-                procs[i] = subprocess.Popen([sys.executable, str(script), *map(str, args)], stdout=out, stderr=err,
+                procs[i] = subprocess.Popen([*tie, str(script), *map(str, args)], stdout=out, stderr=err,
                                             env={**base, PROCESS_ID: str(i)}, start_new_session=True)
         while True:
             codes = {i: p.poll() for i, p in procs.items()}
