@@ -19,7 +19,7 @@ def fake_ladder(part):
 
 
 def test_main_writes_json_with_stamp_and_every_part(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench, "_ladder", fake_ladder)
+    monkeypatch.setattr(bench, "measure_part", fake_ladder)
     out = tmp_path / "sub" / "bench.json"
     bench.main(["--out", str(out)])
     data = json.loads(out.read_text())
@@ -33,7 +33,7 @@ def test_main_writes_json_with_stamp_and_every_part(tmp_path, monkeypatch, capsy
 
 
 def test_one_part(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "_ladder", fake_ladder)
+    monkeypatch.setattr(bench, "measure_part", fake_ladder)
     out = tmp_path / "b.json"
     bench.main(["--part", "resnet", "--out", str(out)])
     assert list(json.loads(out.read_text())["parts"]) == ["resnet"]
@@ -41,13 +41,13 @@ def test_one_part(tmp_path, monkeypatch):
 
 def test_unknown_part_is_refused():
     with pytest.raises(ValueError, match="part must be one of"):
-        bench._ladder("mlp")
+        bench.measure_part("mlp")
     result = subprocess.run([sys.executable, "-m", "fastjax.bench", "--part", "mlp"], capture_output=True, text=True)
     assert result.returncode == 2 and "invalid choice" in result.stderr
 
 
 def test_figures_are_saved_only_when_asked(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "_ladder", fake_ladder)
+    monkeypatch.setattr(bench, "measure_part", fake_ladder)
     monkeypatch.setenv("FASTJAX_IMAGES", str(tmp_path / "images"))
     bench.main(["--out", str(tmp_path / "a.json")])
     assert not (tmp_path / "images").exists()

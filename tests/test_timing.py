@@ -67,7 +67,7 @@ class FakeMachine:
 def clock(monkeypatch):
     fake = FakeClock()
     monkeypatch.setattr(timing.time, "perf_counter", fake)
-    monkeypatch.setattr(timing, "_cpu_seconds", FakeMachine(fake))  # a quiet machine unless a test says otherwise
+    monkeypatch.setattr(timing, "cpu_seconds", FakeMachine(fake))  # a quiet machine unless a test says otherwise
     monkeypatch.setattr(timing.time, "sleep", fake.work)  # the harness's idle wait for the load window
     return fake
 
@@ -190,7 +190,7 @@ def test_format_seconds():
 
 @pytest.mark.parametrize("other, flagged", [(0.0, False), (0.3, False), (1.5, True)])
 def test_the_load_of_other_processes_is_read_and_flagged(clock, monkeypatch, other, flagged):
-    monkeypatch.setattr(timing, "_cpu_seconds", FakeMachine(clock, own=2.0, other=other))
+    monkeypatch.setattr(timing, "cpu_seconds", FakeMachine(clock, own=2.0, other=other))
     t = timing.time_per_call(lambda: clock.work(0.01), repeats=7, number=5, warmup=0, name="floor")
     assert t.load == pytest.approx(other)
     assert bool(t.noise) == flagged and ("busy" in t.noise) == flagged
@@ -199,14 +199,14 @@ def test_the_load_of_other_processes_is_read_and_flagged(clock, monkeypatch, oth
 
 
 def test_interleaved_timings_share_the_load_of_the_run(clock, monkeypatch):
-    monkeypatch.setattr(timing, "_cpu_seconds", FakeMachine(clock, other=1.0))
+    monkeypatch.setattr(timing, "cpu_seconds", FakeMachine(clock, other=1.0))
     out = timing.time_interleaved({"a": lambda: clock.work(0.02), "b": lambda: clock.work(0.01)}, repeats=5,
                                   min_repeat_seconds=0.0)
     assert [t.load for t in out.values()] == pytest.approx([1.0, 1.0]) and all(t.noise for t in out.values())
 
 
 def test_a_short_timing_waits_until_the_load_can_be_read(clock, monkeypatch):
-    monkeypatch.setattr(timing, "_cpu_seconds", FakeMachine(clock, own=0.0, other=0.8))
+    monkeypatch.setattr(timing, "cpu_seconds", FakeMachine(clock, own=0.0, other=0.8))
     slept = []
     monkeypatch.setattr(timing.time, "sleep", lambda s: slept.append(s) or clock.work(s))
     t = timing.time_per_call(lambda: clock.work(0.001), repeats=5, number=1, warmup=0)
@@ -217,7 +217,7 @@ def test_a_short_timing_waits_until_the_load_can_be_read(clock, monkeypatch):
 
 
 def test_without_cpu_counters_only_the_spread_is_judged(clock, monkeypatch):
-    monkeypatch.setattr(timing, "_cpu_seconds", lambda: None)  # e.g. no psutil and no /proc
+    monkeypatch.setattr(timing, "cpu_seconds", lambda: None)  # e.g. no psutil and no /proc
     monkeypatch.setattr(timing.time, "sleep", lambda s: pytest.fail("nothing to wait for"))
     steady = timing.time_per_call(lambda: clock.work(0.01), repeats=7, number=10, warmup=0)
     assert steady.load is None and steady.noise == ""
@@ -228,9 +228,9 @@ def test_without_cpu_counters_only_the_spread_is_judged(clock, monkeypatch):
 
 
 def test_real_cpu_counters_move_forward():
-    first = timing._cpu_seconds()
+    first = timing.cpu_seconds()
     sum(i * i for i in range(200_000))  # some CPU time for this process
-    second = timing._cpu_seconds()
+    second = timing.cpu_seconds()
     if first is None:
         pytest.skip("no psutil and no /proc/stat here")
     assert second[0] >= first[0] >= 0 and second[1] >= first[1] >= 0
@@ -239,9 +239,9 @@ def test_real_cpu_counters_move_forward():
 def test_proc_stat_is_read_without_psutil(monkeypatch):
     monkeypatch.setitem(sys.modules, "psutil", None)  # importing it now raises ImportError
     if not os.path.exists("/proc/stat"):
-        assert timing._cpu_seconds() is None
+        assert timing.cpu_seconds() is None
         return
-    machine, own = timing._cpu_seconds()
+    machine, own = timing.cpu_seconds()
     assert machine > 0 and own >= 0
 
 

@@ -25,7 +25,8 @@ from fastjax.tools import timing
 PARTS = ("pln", "resnet")
 
 
-def _ladder(part: str) -> dict[str, Any]:
+def measure_part(part: str) -> dict[str, Any]:
+    """Measure one part's ladder (``"pln"`` with its race against pyPLNmodels, or ``"resnet"``) and the seconds it took."""
     if part == "pln":
         from fastjax.pln import bench as ladder
     elif part == "resnet":
@@ -74,7 +75,7 @@ def load_part(part: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
 
 def run(parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
     """Measure the ladders of ``parts`` in this process, one after the other; return plain data and Timings."""
-    return {"stamp": timing.stamp(), "parts": {part: _ladder(part) for part in parts}}
+    return {"stamp": timing.stamp(), "parts": {part: measure_part(part) for part in parts}}
 
 
 def to_plain(results: dict[str, Any]) -> dict[str, Any]:

@@ -141,7 +141,7 @@ NOISY_SPREAD = 0.5
 MIN_LOAD_WINDOW = 0.2
 
 
-def _cpu_seconds() -> tuple[float, float] | None:
+def cpu_seconds() -> tuple[float, float] | None:
     """(CPU seconds the whole machine has been busy since boot, CPU seconds this process has used),
     from psutil or Linux's /proc/stat; None where neither can be read."""
     own = os.times()
@@ -166,7 +166,7 @@ class _LoadMeter:
     ``stop()`` first sleeps until ``MIN_LOAD_WINDOW`` has passed, so a short timing is judged too."""
 
     def start(self) -> _LoadMeter:
-        self.cpu, self.t0 = _cpu_seconds(), time.perf_counter()
+        self.cpu, self.t0 = cpu_seconds(), time.perf_counter()
         return self
 
     def stop(self) -> float | None:
@@ -175,7 +175,7 @@ class _LoadMeter:
         rest = MIN_LOAD_WINDOW - (time.perf_counter() - self.t0)
         if rest > 0:
             time.sleep(rest)
-        wall, end = time.perf_counter() - self.t0, _cpu_seconds()
+        wall, end = time.perf_counter() - self.t0, cpu_seconds()
         if end is None or wall <= 0:
             return None
         other = (end[0] - self.cpu[0]) - (end[1] - self.cpu[1])
