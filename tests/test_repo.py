@@ -171,3 +171,28 @@ def test_gpu_workflow_installs_cuda_jax_and_uploads_results():
     assert "jax[cuda" in text and "FASTJAX_SIZE: full" in text
     assert text.count("actions/upload-artifact@") >= 2 and "scripts/build-book.sh" in text and "_build/measurements" in text
     assert text.count("runs-on:") == 1
+
+
+def bare_asserts(root: Path) -> list[str]:
+    """``file:line`` of every ``assert`` statement in the Python modules under ``root``."""
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        found += [f"{path.relative_to(ROOT)}:{node.lineno}" for node in ast.walk(tree) if isinstance(node, ast.Assert)]
+    return found
+
+
+def test_no_bare_assert_in_the_package():
+    """``python -O`` strips assert statements: a check of the package written as one vanishes there.
+    The package raises explicitly (ValueError, TypeError, or AssertionError for a failed comparison)."""
+    found = bare_asserts(ROOT / "src" / "fastjax")
+    assert found == [], "assert statements in src/ (raise explicitly instead):\n" + "\n".join(found)
+
+
+def test_the_bare_assert_finder_finds_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text("def f(x):\n    '''assert in a docstring is text'''\n    assert x > 0, 'no'\n")
+    assert bare_asserts(tmp_path / "pkg") == ["pkg/m.py:3"]
