@@ -289,6 +289,18 @@ def test_a_cache_that_cannot_be_written_warns_once_and_keeps_the_answer_in_memor
     assert not list((tmp_path / "full" / "fastjax").glob("*.tmp"))
 
 
+def test_no_home_directory_falls_back_to_the_temp_folder(tmp_path, monkeypatch):
+    """No XDG_CACHE_HOME and no home to be found (Path.home() raises in Python 3.12): the temp folder."""
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(workaround.tempfile, "gettempdir", lambda: str(tmp_path))
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(workaround.Path, "home", staticmethod(no_home))
+    assert workaround.cache_file("1.2.3").parent == tmp_path / "fastjax"
+
+
 IMPORT = r"""
 import json, warnings
 with warnings.catch_warnings(record=True) as caught:

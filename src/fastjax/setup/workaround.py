@@ -210,7 +210,13 @@ def cache_file(version: str, cpu: str | None = None) -> Path:
     """Where the probe's answer for jaxlib ``version``, this Python and the CPU ``cpu`` (default: this
     one, ``cpu_features()``) is kept, under ``$XDG_CACHE_HOME/fastjax`` (default ``~/.cache/fastjax``)."""
     cpu = cpu_features() if cpu is None else cpu
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fastjax"
+    if os.environ.get("XDG_CACHE_HOME"):
+        base = Path(os.environ["XDG_CACHE_HOME"]) / "fastjax"
+    else:
+        try:
+            base = Path.home() / ".cache" / "fastjax"
+        except RuntimeError:  # no home directory to be found (Python 3.12 raises, 3.11 returns "~")
+            base = Path(tempfile.gettempdir()) / "fastjax"
     digest = hashlib.sha256(cpu.encode()).hexdigest()[:12]
     tag = f"{version}-py{sys.version_info.major}.{sys.version_info.minor}-cpu{digest}-v{PROBE_VERSION}"
     return base / f"cpu-probe-{tag}.json"
@@ -273,10 +279,7 @@ def probe(refresh: bool = False, timeout: float = 120.0) -> Probe | None:
     if version is None:
         return None
     cpu = cpu_features()
-    try:
-        cache = cache_file(version, cpu)
-    except RuntimeError:  # no home directory to be found (Path.home()) and no XDG_CACHE_HOME
-        cache = Path(tempfile.gettempdir()) / "fastjax-no-home" / f"cpu-probe-{version}.json"
+    cache = cache_file(version, cpu)
     if not refresh:
         kept = _in_memory.get(cache) or _load(cache, cpu)
         if kept is not None:
