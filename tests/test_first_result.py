@@ -75,3 +75,14 @@ def test_scripts_format_and_write(tmp_path):
         assert not path.stem in ("numpy", "jax")  # a script named numpy.py would shadow numpy
     book = race.scripts["persistent"].read_text()
     assert "jax_persistent_cache_min_compile_time_secs" in book and "maxiter=400" in book
+
+
+def test_children_start_without_the_flag_import_fastjax_set_here(monkeypatch):
+    from fastjax.setup.workaround import WORKAROUND_FLAG
+
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_dump_to=/tmp/x {WORKAROUND_FLAG}")
+    assert W.fresh_env()["XLA_FLAGS"] == "--xla_dump_to=/tmp/x"
+    monkeypatch.setenv("XLA_FLAGS", WORKAROUND_FLAG)
+    assert "XLA_FLAGS" not in W.fresh_env()
+    code = "import os, json; print(json.dumps({'flags': os.environ.get('XLA_FLAGS')}))"
+    assert W.run_process([sys.executable, "-c", code]).printed == {"flags": None}

@@ -240,9 +240,25 @@ with open(sys.argv[1], "w") as f:
 """
 
 
+def fresh_env() -> dict[str, str]:
+    """This process's environment as a new shell would have it: without the XLA flag that ``import
+    fastjax`` added here (a child that inherited it would skip fastjax's CPU check, which a reader's
+    script runs: it reads the kept answer, or probes on the first run ever)."""
+    from fastjax.setup.workaround import WORKAROUND_FLAG
+
+    env = os.environ.copy()
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if f != WORKAROUND_FLAG]
+    if flags:
+        env["XLA_FLAGS"] = " ".join(flags)
+    else:
+        env.pop("XLA_FLAGS", None)
+    return env
+
+
 def run_process(args: list[str], env: dict[str, str] | None = None, timeout: float = 600.0) -> Run:
-    """Run ``args`` (``args[0]`` a full path) in a new process and measure it from outside (``LAUNCHER``);
-    RuntimeError with its stderr if it fails."""
+    """Run ``args`` (``args[0]`` a full path) in a new process (environment ``env``, default
+    ``fresh_env()``) and measure it from outside (``LAUNCHER``); RuntimeError with its stderr if it fails."""
+    env = fresh_env() if env is None else env
     with tempfile.TemporaryDirectory() as folder:
         report = Path(folder) / "usage.json"
         launcher = subprocess.Popen([sys.executable, "-S", "-c", LAUNCHER, str(report), *args], stdout=subprocess.PIPE,
@@ -290,7 +306,7 @@ class Race:
 
     def command(self, c: Contender, round_: int) -> tuple[list[str], dict[str, str]]:
         """The argument list and environment that run ``c`` in round ``round_``."""
-        env = os.environ.copy()
+        env = fresh_env()
         cache = self.folder / "cache" / (c.name if not c.first else f"{c.name} {round_}")
         if c.first_ever:
             env["XDG_CACHE_HOME"] = str(cache / "home")  # fastjax's CPU probe answer is kept there
@@ -388,10 +404,11 @@ class ImportTime(NamedTuple):
 
 
 def import_times(args: list[str], env: dict[str, str] | None = None) -> list[ImportTime]:
-    """``python -X importtime ARGS`` in a new process (e.g. ``["-c", "import jax"]``): every module it
-    imported, in the order Python reports them (a module after the modules it imported)."""
+    """``python -X importtime ARGS`` in a new process (environment ``env``, default ``fresh_env()``; e.g.
+    ``["-c", "import jax"]``): every module it imported, in the order Python reports them (a module after
+    the modules it imported)."""
     proc = subprocess.run([sys.executable, "-X", "importtime", *args], capture_output=True, text=True, timeout=600,
-                          env=env)
+                          env=fresh_env() if env is None else env)
     if proc.returncode != 0:
         raise RuntimeError(f"python -X importtime {' '.join(args[:3])} failed: {proc.stderr.strip()[-500:]}")
     rows = []
