@@ -228,8 +228,8 @@ def first_fits(processes: int = 3, repeat: int = 1) -> dict[str, list[dict[str, 
     return out
 
 
-def _first_fit_here(repeat: int, preimport: bool) -> dict[str, float]:
-    """In this (fresh) process: optionally ``import torch._dynamo``, then two ``Pln.fit()``. Seconds."""
+def first_fit_here(repeat: int, preimport: bool) -> dict[str, float]:
+    """Optionally ``import torch._dynamo``, then two ``Pln.fit()``, in this process (first_fits' fresh ones). Seconds."""
     import torch  # noqa: F401  (imported before the clock starts, as in any fit)
 
     with warnings.catch_warnings():  # pyPLNmodels imports pkg_resources, which announces its own deprecation
@@ -374,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cache_run:
         print(json.dumps(cache_run(args.cache_run, args.data, args.target, args.fit)))
     elif args.first_fit:
-        print(json.dumps(_first_fit_here(args.repeat, args.preimport)))
+        print(json.dumps(first_fit_here(args.repeat, args.preimport)))
     elif args.cold:
         fits = first_fits(args.cold, args.repeat)
         print(json.dumps(fits, indent=2))
