@@ -128,15 +128,20 @@ def test_bad_parameters_are_named(data, params, error, match):
         F.value_and_grad_by_hand(params(*pln.start(data)), data)
 
 
-def test_a_covariance_that_is_not_positive_definite_is_named(data):
-    m, s = pln.start(data)
-    sigma = pln.closed_form_covariance(data.covariates, m, s)
-    with pytest.raises(ValueError, match="not positive definite"):
-        F.check_by_hand(jnp.linalg.cholesky(sigma - 2 * jnp.eye(sigma.shape[0])), m, (m, s))
-    with pytest.raises(FloatingPointError, match="overflows"):
-        F.check_by_hand(jnp.linalg.cholesky(sigma), m.at[0, 0].set(jnp.inf), (m, s))
-    with pytest.raises(FloatingPointError, match="gradient in S"):
-        F.check_by_hand(jnp.linalg.cholesky(sigma), m, (m, s.at[0, 0].set(jnp.nan)))
+@pytest.mark.parametrize("change, error, match", [
+    # a column of M the same in every row (R's column is 0) and its S at 1e-30 (S² underflows in float32)
+    (lambda m, s: (m.at[:, 3].set(1.0), s.at[:, 3].set(1e-30)), ValueError, "not positive definite"),
+    (lambda m, s: (m.at[5, 3].set(100.0), s), FloatingPointError, "overflows"),  # exp(100) > float32's max
+    (lambda m, s: (m, s.at[5, 3].set(1e-40)), FloatingPointError, "gradient in S"),  # 1/S overflows
+])
+def test_each_check_of_the_hand_gradient_is_reached_with_parameters_that_pass_the_input_checks(data, change, error,
+                                                                                              match):
+    params = change(*pln.start(data))
+    pln.check_params(params, data)  # finite, no zero in S, right shapes: only the result can be wrong
+    with pytest.raises(error, match=match):
+        F.value_and_grad_by_hand(params, data)
+    value, _ = jax.jit(F.value_and_grad_by_hand)(params, data)  # inside jit: no error, a non-finite value
+    assert not np.isfinite(float(value))
 
 
 def test_check_fit_names_the_first_bad_iteration():

@@ -105,13 +105,18 @@ def test_hlo_readers_refuse_other_text():
 
 def test_cost_reads_both_forms_of_the_cost_analysis(compiled):
     new = profiling.cost(compiled)
-    assert new["flops"] > 0 and new["bytes accessed"] > 0
+    assert new["flops"] > 0 and new["bytes accessed"] > 0 and new["library calls"] == 0
+    assert {k: new[k] for k in ("flops", "bytes accessed", "transcendentals")} == profiling.xla_cost(compiled)
 
     class OldStyle:  # older JAX: a list of one dict per program
         def cost_analysis(self):
             return [{"flops": 10.0, "bytes accessed": 4.0}]
 
-    assert profiling.cost(OldStyle()) == {"flops": 10.0, "bytes accessed": 4.0, "transcendentals": 0.0}
+        def as_text(self):
+            return "HloModule m\nENTRY %main (x: f32[]) -> f32[] {\n  ROOT %x = f32[] parameter(0)\n}\n"
+
+    assert profiling.xla_cost(OldStyle()) == {"flops": 10.0, "bytes accessed": 4.0, "transcendentals": 0.0}
+    assert profiling.cost(OldStyle())["flops"] == 10.0
 
     class Two:
         def cost_analysis(self):
@@ -138,16 +143,52 @@ def test_measured_peaks_are_positive():
     assert profiling.peak_bandwidth(mib=4, repeats=1) > 0
 
 
-def test_library_flops_counts_the_lapack_calls():
+def test_library_calls_are_counted_with_their_flops_and_bytes():
     a = jnp.eye(30) * 2.0
     chol_solve = jax.jit(lambda a, b: jax.scipy.linalg.solve_triangular(jnp.linalg.cholesky(a), b, lower=True))
     hlo = chol_solve.lower(a, jnp.ones((30, 50))).compile().as_text()
-    assert profiling.library_flops(hlo) == pytest.approx(30**3 / 3 + 30 * 30 * 50)  # potrf + trsm (textbook counts)
+    calls = {c["kernel"]: c for c in profiling.library_calls(hlo)}
+    assert set(calls) == {"potrf", "trsm"}
+    assert calls["potrf"]["flops"] == pytest.approx(30**3 / 3)  # textbook counts
+    assert calls["trsm"]["flops"] == pytest.approx(30 * 30 * 50)
+    # the solve reads the 30×30 triangle and the 30×50 right-hand sides and writes a 30×50 result (float32)
+    assert (calls["trsm"]["read bytes"], calls["trsm"]["written bytes"]) == (4 * (900 + 1500), 4 * 1500)
+    assert calls["potrf"]["read bytes"] == 4 * 900 and calls["potrf"]["written bytes"] == 4 * 900 + 4  # + info
+    lib = profiling.library_cost(hlo)
+    assert (lib["flops"], lib["calls"], lib["uncounted"]) == (pytest.approx(30**3 / 3 + 30 * 30 * 50), 2, [])
+    assert lib["bytes accessed"] == 4 * (900 + 900 + 2400 + 1500) + 4  # Cholesky in, out, info; solve in, out
     lu = jax.jit(jnp.linalg.solve).lower(a, jnp.ones((30, 50))).compile().as_text()
-    assert profiling.library_flops(lu) == pytest.approx(2 * 30**3 / 3 + 2 * 30 * 30 * 50)  # getrf + two trsm
-    assert profiling.library_flops(jax.jit(jnp.sin).lower(a).compile().as_text()) == 0
+    assert profiling.library_cost(lu)["flops"] == pytest.approx(2 * 30**3 / 3 + 2 * 30 * 30 * 50)  # getrf + two trsm
+    batched = jax.jit(jnp.linalg.cholesky).lower(jnp.stack([a, a, a])).compile().as_text()
+    assert profiling.library_cost(batched)["flops"] == pytest.approx(3 * 30**3 / 3)  # one call, 3 matrices
+    assert profiling.library_cost(jax.jit(jnp.sin).lower(a).compile().as_text())["calls"] == 0
     with pytest.raises(ValueError, match="HloModule"):
-        profiling.library_flops("not HLO")
+        profiling.library_calls("not HLO")
+    qr = jax.jit(jnp.linalg.qr).lower(a).compile()  # a LAPACK kernel without a flop formula here
+    assert profiling.library_cost(qr.as_text())["uncounted"]
+    with pytest.raises(ValueError, match="no flop count for the library calls"):
+        profiling.cost(qr)
+
+
+def test_cost_replaces_xlas_minus_one_per_library_call():
+    """XLA counts a custom-call as -1 flop and -1 byte (HloCostAnalysis::HandleCustomCall); cost puts
+    the LAPACK call's own count in its place, so that a roofline of a program that calls LAPACK is not
+    too low."""
+    compiled = jax.jit(jnp.linalg.cholesky).lower(jnp.eye(30) * 2.0).compile()
+    hlo = compiled.as_text()
+    fused = sum(f["read bytes"] + f["written bytes"] for f in profiling.fusion_bytes(hlo))
+    xla = profiling.xla_cost(compiled)
+    assert xla["bytes accessed"] == fused - 1  # the fusions around the call, and -1 for the call
+    full = profiling.cost(compiled)
+    assert full["bytes accessed"] == fused + 4 * (900 + 900) + 4  # the call reads A, writes L and its info
+    assert full["flops"] == xla["flops"] + 1 + 30**3 / 3
+    assert (full["library calls"], full["library flops"]) == (1, 30**3 / 3)
+    # inside a loop, as in the fits: counted once, as cost_analysis counts a loop body
+    loop = jax.jit(lambda a: jax.lax.fori_loop(0, 3, lambda i, x: jnp.linalg.cholesky(x) + 1.0, a))
+    looped = loop.lower(jnp.eye(30) * 2.0).compile()
+    calls = profiling.library_calls(looped.as_text())
+    assert [c["in_loop"] for c in calls] == [True]
+    assert profiling.cost(looped)["flops"] == profiling.xla_cost(looped)["flops"] + 1 + 30**3 / 3
 
 
 def test_fusion_bytes_add_up_to_the_cost_analysis():

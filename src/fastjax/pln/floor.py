@@ -80,14 +80,15 @@ def value_and_grad_by_hand(params: tuple[Any, Any], data: pln.PlnData, by_produc
 def check_by_hand(chol: Any, a: Any, grads: tuple[Any, Any]) -> None:
     """Raise, naming the problem, where Σ is not positive definite or the gradient is not finite."""
     if not np.all(np.isfinite(np.asarray(jnp.diag(chol)))):
-        raise ValueError("Σ = (RᵀR + diag(Σ_i S_i²))/n is not positive definite (its Cholesky factor is NaN): "
-                         "M or S holds NaN or inf, or a column of S is all zero")
+        raise ValueError("Σ = (RᵀR + diag(Σ_i S_i²))/n is not positive definite in this precision (its Cholesky "
+                         "factor is NaN): a column of S so small that its squares vanish beside RᵀR, where RᵀR "
+                         "is singular (e.g. a column of M constant over the rows); fit in float64")
     if not np.all(np.isfinite(np.asarray(a))):
         raise FloatingPointError("exp(O + M + S²/2) overflows: M or S is too large for the data's dtype")
     for name, g in zip("MS", grads):
         if not np.all(np.isfinite(np.asarray(g))):
             raise FloatingPointError(f"the gradient in {name} has {int(np.sum(~np.isfinite(np.asarray(g))))} "
-                                     "non-finite entries (an entry of S is 0?)")
+                                     "non-finite entries (an entry of S so small that 1/S overflows?)")
 
 
 @jax.custom_vjp

@@ -9,9 +9,10 @@
   ``traced_ops`` traces one call of a compiled program and returns them; ``shares_by_kind`` groups them.
 - ``fusions`` / ``unfused``: what XLA fused in a compiled program, read from ``compiled.as_text()``;
   ``fusion_bytes``: what each of its fusions reads from and writes to memory.
-- ``cost``: ``compiled.cost_analysis()`` as one dict on every JAX version (older ones return a list).
-- ``library_flops``: the flops of the LAPACK calls of a compiled CPU program, which the cost analysis
-  leaves out (it counts a ``custom-call`` as 0 flops).
+- ``cost``: flops, bytes and transcendentals of a compiled program: XLA's cost analysis (one dict on
+  every JAX version; older ones return a list) with its LAPACK calls counted in. XLA does not know what
+  a ``custom-call`` computes and counts each as -1 flop and -1 byte; ``library_calls`` /
+  ``library_cost`` count the LAPACK ones (Cholesky, LU, triangular solves) from their shapes.
 - ``peak_flops`` / ``peak_bandwidth`` / ``roofline``: the device's measured peaks and the least time
   a program with given flops and bytes can take on it.
 """
@@ -252,9 +253,10 @@ def shares_by_kind(rows: list[dict[str, Any]]) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def cost(compiled: Any) -> dict[str, float]:
-    """``flops``, ``bytes accessed`` and ``transcendentals`` of a compiled program, from XLA's cost
-    analysis (a dict in recent JAX, a list of one dict per program in older releases)."""
+def xla_cost(compiled: Any) -> dict[str, float]:
+    """``flops``, ``bytes accessed`` and ``transcendentals`` as XLA's cost analysis reports them (a dict in
+    recent JAX, a list of one dict per program in older releases): each ``custom-call`` (a library call)
+    counted as -1 flop and -1 byte, since XLA does not know what it computes. ``cost`` counts them in."""
     analysis = compiled.cost_analysis()
     if isinstance(analysis, (list, tuple)):
         if len(analysis) != 1:
@@ -265,28 +267,97 @@ def cost(compiled: Any) -> dict[str, float]:
     return {k: float(analysis.get(k, 0.0)) for k in ("flops", "bytes accessed", "transcendentals")}
 
 
-# The LAPACK kernels jaxlib calls on CPU (custom_call_target="lapack_<s|d><name>_ffi") and their flops,
-# from the shapes of their operands: Cholesky n³/3, LU 2n³/3, a triangular solve p²·k for a p×p
-# triangle and k right-hand sides (the textbook counts, as in LAPACK's own dopla/dopbl3 tables).
-_LAPACK = re.compile(r'custom_call_target="lapack_[sdcz](potrf|getrf|trsm)_ffi".*?operand_layout_constraints=\{(.*?)\}\}')
+# The LAPACK kernels jaxlib calls on CPU (custom_call_target="lapack_<s|d|c|z><name>_ffi") and their flops,
+# from the shapes of their operands: Cholesky n³/3, LU mn² − n³/3 (2n³/3 square), a triangular solve
+# m²·k for an m×m triangle and k right-hand sides (the textbook counts, as in LAPACK's dopla/dopbl3).
+_LAPACK_TARGET = re.compile(r'custom_call_target="(lapack_[sdcz](\w+?)(?:_ffi)?)"')
 
 
-def library_flops(hlo: str) -> float:
-    """Flops of the LAPACK calls (Cholesky, LU, triangular solves) in a compiled program's text: what
-    ``cost`` leaves out. Calls inside a loop are counted once, as ``cost_analysis`` counts a loop body."""
+def _instruction_types(lines: list[str]) -> dict[str, str]:
+    """Name -> result type text (``f32[116,114]{1,0}``, or a tuple) of each instruction of a computation."""
+    out = {}
+    for line in lines:
+        m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (.*?) [\w\-]+\(", line)
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def _dims(types: str) -> list[list[int]]:
+    """The dimensions of each array in an HLO type text, in order."""
+    return [[int(d) for d in dims.split(",") if d] for _, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", types)]
+
+
+def _lapack_flops(kernel: str, operands: list[list[int]]) -> float | None:
+    """Textbook flops of one LAPACK call from its operands' dimensions (None: a kernel not in the table)."""
+    if kernel == "potrf":
+        n = operands[0][-1]
+        return float(np.prod(operands[0][:-2] or [1])) * n**3 / 3
+    if kernel == "getrf":
+        rows, cols = operands[0][-2:]
+        big, small = max(rows, cols), min(rows, cols)
+        return float(np.prod(operands[0][:-2] or [1])) * (big * small**2 - small**3 / 3)
+    if kernel == "trsm":  # operands: the m×m triangle, then the right-hand sides (m×k or k×m, batched)
+        return float(operands[0][-1]) * float(np.prod(operands[1]))
+    return None
+
+
+def library_calls(hlo: str) -> list[dict[str, Any]]:
+    """Each LAPACK call (``custom-call`` to ``lapack_*``) of a compiled CPU program's text: its name,
+    target, kernel (``potrf``, ``getrf``, ``trsm``, ...), operands' and result's dimensions, whether it
+    runs in a loop, its textbook flops (None for a kernel without a formula here) and the bytes it reads
+    (its operands) and writes (its result), XLA's convention for any other instruction."""
     if "HloModule" not in hlo:
         raise ValueError("expected the text of a compiled HLO module (compiled.as_text()); it has no 'HloModule'")
-    total = 0.0
-    for kind, operands in _LAPACK.findall(hlo):
-        shapes = [[int(d) for d in dims.split(",")] for dims in re.findall(r"\[([\d,]+)\]", operands)]
-        n = shapes[0][-1]
-        if kind == "potrf":
-            total += n**3 / 3
-        elif kind == "getrf":
-            total += 2 * n**3 / 3
-        else:  # trsm: operands (the p×p triangle, the right-hand sides)
-            total += n * n * int(np.prod(shapes[1])) / n
-    return total
+    inside, out = loop_computations(hlo), []
+    for comp, lines in _kernels(hlo).items():
+        types = _instruction_types(lines)
+        for line in lines:
+            target = _LAPACK_TARGET.search(line)
+            m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = (.*?) custom-call\((.*?)\), custom_call_target", line)
+            if not (target and m):
+                continue
+            name, result, operand_text = m.groups()
+            constraints = re.search(r"operand_layout_constraints=\{(.*?)\}\}", line)
+            if _dims(operand_text):  # operands printed with their types
+                operand_types = operand_text
+            elif constraints:
+                operand_types = constraints.group(1)
+            else:  # operands by name: their types are where they are defined
+                operand_types = ", ".join(types.get(o.strip().lstrip("%"), "") for o in operand_text.split(","))
+            operands = _dims(operand_types)
+            out.append({"name": name, "target": target.group(1), "kernel": target.group(2),
+                        "operands": operands, "result": _dims(result), "in_loop": comp in inside,
+                        "flops": _lapack_flops(target.group(2), operands),
+                        "read bytes": _array_bytes(operand_types), "written bytes": _array_bytes(result)})
+    return out
+
+
+def library_cost(hlo: str) -> dict[str, Any]:
+    """The LAPACK calls of a compiled CPU program (``library_calls``) added up: ``flops``, ``bytes
+    accessed`` (read and written), ``calls``, and ``uncounted``: the targets whose flops have no formula
+    here (their bytes are counted). A call inside a loop counts once, as ``cost_analysis`` counts a loop body."""
+    calls = library_calls(hlo)
+    return {"flops": sum(c["flops"] for c in calls if c["flops"] is not None),
+            "bytes accessed": float(sum(c["read bytes"] + c["written bytes"] for c in calls)),
+            "calls": len(calls), "uncounted": sorted({c["target"] for c in calls if c["flops"] is None})}
+
+
+def cost(compiled: Any) -> dict[str, float]:
+    """``flops``, ``bytes accessed`` and ``transcendentals`` of a compiled program: XLA's cost analysis
+    (``xla_cost``) with the LAPACK calls counted in (``library_cost``: their textbook flops, the bytes of
+    their operands and results) in place of the -1 flop and -1 byte that XLA gives each. Also ``library
+    flops``, ``library bytes`` and ``library calls``: the part that comes from those calls. Every other
+    instruction is XLA's count; a loop body counts once."""
+    xla = xla_cost(compiled)
+    lib = library_cost(compiled.as_text())
+    if lib["uncounted"]:
+        raise ValueError(f"no flop count for the library calls {lib['uncounted']}: add their formula to "
+                         "profiling._lapack_flops before building a roofline on this program")
+    return {"flops": xla["flops"] + lib["calls"] + lib["flops"],  # + calls: XLA's -1 per call taken back
+            "bytes accessed": xla["bytes accessed"] + lib["calls"] + lib["bytes accessed"],
+            "transcendentals": xla["transcendentals"],
+            "library flops": lib["flops"], "library bytes": lib["bytes accessed"], "library calls": float(lib["calls"])}
 
 
 def peak_flops(n: int = 2048, repeats: int = 5) -> float:
