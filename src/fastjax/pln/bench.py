@@ -105,7 +105,8 @@ def measure_ladder(data: pln.PlnData | None = None) -> dict[str, Any]:
 def profile_iteration(data: pln.PlnData | None = None) -> list[Timing]:
     """Where one JAX iteration's time goes: seconds per iteration of scans that compute more and more of
     it (the ELBO; its p×p log-determinant term with gradient; the ELBO and its gradient; a whole Rprop
-    step; the while_loop fit), AOT-compiled, timed in turns."""
+    step; the while_loop fit), AOT-compiled, timed in turns. The partial programs add each iteration's
+    result to a running sum (one array written per iteration, not every iteration's kept)."""
     import jax
 
     from fastjax.pln import rungs as R
@@ -115,10 +116,12 @@ def profile_iteration(data: pln.PlnData | None = None) -> list[Timing]:
     nt, p0 = cfg.n_time, pln.start(data)
 
     def scan_of(fn):  # nt calls of fn(params) in one scan, params nudged so nothing is hoisted out
-        def run(params, data):
-            def body(c, _):
-                return jax.tree.map(lambda a: a * 1.0000001, c), fn(c, data)
-            return jax.lax.scan(body, params, length=nt)[1]
+        def run(params, data):  # fn's results summed as the loop goes: one array of each per iteration is
+            def body(carry, _):  # written, as a fit writes its gradient once, not nt of them stacked
+                c, total = carry
+                return (jax.tree.map(lambda a: a * 1.0000001, c), jax.tree.map(jax.numpy.add, total, fn(c, data))), None
+            zero = jax.tree.map(lambda s: jax.numpy.zeros(s.shape, s.dtype), jax.eval_shape(fn, params, data))
+            return jax.lax.scan(body, (params, zero), length=nt)[0][1]
         return compile_time(jax.jit(run), p0, data).compiled
 
     def logdet_term(c, d):  # the p×p part of the ELBO: −(n/2) log|Σ|, Σ in closed form
