@@ -70,3 +70,50 @@ def test_a_part_saved_at_another_size_is_not_reused(tmp_path, monkeypatch):
     bench.save_part("pln", fake_ladder("pln"))
     monkeypatch.setenv("FASTJAX_SIZE", "full")
     assert bench.load_part("pln") is None
+
+
+def fake_torch_race():
+    t = {"PyTorch eager": Timing("PyTorch eager", [4e-3, 4e-3]), "torch.compile": Timing("torch.compile", [3e-3, 3e-3]),
+         "floor": Timing("floor", [2e-3, 2e-3])}
+    return {"step": {"timings": t, "failed": {}}}
+
+
+def test_the_resnet_part_carries_the_race_against_pytorch(tmp_path, monkeypatch, capsys):
+    def with_race(part):
+        out = fake_ladder(part)
+        if part == "resnet":
+            out["torch_race"] = fake_torch_race()
+        return out
+
+    monkeypatch.setattr(bench, "measure_part", with_race)
+    monkeypatch.setenv("FASTJAX_IMAGES", str(tmp_path / "images"))
+    bench.main(["--part", "resnet", "--out", str(tmp_path / "r.json"), "--figures"])
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["parts"]["resnet"]["torch_race"]["step"]["timings"]["torch.compile"]["median"] == pytest.approx(3e-3)
+    printed = capsys.readouterr().out
+    assert "against PyTorch" in printed and "| PyTorch eager |" in printed and "| torch.compile |" in printed
+    assert (tmp_path / "images" / "ladder-resnet.png").is_file()
+
+
+def test_pytorch_rows_sit_beside_the_rungs_with_their_own_floor():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from fastjax.tools import plots
+
+    rungs, race = fake_ladder("resnet"), fake_torch_race()["step"]["timings"]
+    others = [race["PyTorch eager"], race["torch.compile"]]
+    ax = plots.plot_ladder(rungs["rungs"], floor=rungs["floor"], others=others, others_floor=race["floor"]).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["resnet slow", "resnet fast", "PyTorch eager", "torch.compile"]
+    assert [t.get_text().strip() for t in ax.texts] == ["2.10×", "1.05×", "2.00×", "1.50×"]  # PyTorch: × its run's floor
+    with pytest.raises(ValueError, match="others_floor"):
+        plots.plot_ladder(rungs["rungs"], others=others)
+
+
+def test_the_race_is_skipped_with_a_message_without_torch(monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    out = bench.torch_race()
+    assert "torch is not installed" in out["skipped"] and "skipped" in capsys.readouterr().out

@@ -37,8 +37,24 @@ def measure_part(part: str) -> dict[str, Any]:
     out = ladder.measure_ladder()
     if part == "pln":
         out["race"] = ladder.race()  # the race against pyPLNmodels, with its speed-ups
+    else:
+        out["torch_race"] = torch_race()  # the race against the PyTorch twin (chapters/resnet/08-pytorch.md)
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def torch_race() -> dict[str, Any]:
+    """The ResNet's race against its PyTorch twin (``fastjax.resnet.bench.race``), or ``{"skipped": why}``
+    where torch is not installed (the newest leg), with the reason printed."""
+    from importlib.util import find_spec
+
+    if find_spec("torch") is None:
+        why = "the race against PyTorch is skipped: torch is not installed (the CPU build: pip install torch)"
+        print(why)
+        return {"skipped": why}
+    from fastjax.resnet import bench as resnet_bench
+
+    return resnet_bench.race()
 
 
 def measurements_dir() -> Path:
@@ -111,6 +127,13 @@ def summary(results: dict[str, Any]) -> str:
         extra_floors = [res[k] for k in ("floor_fast", "dispatch_floor") if res.get(k)]
         rungs = list(res["rungs"]) + [res["floor"]] + extra_floors
         lines += [f"### {part}", "", timing.format_table(timing.table(rungs, floor=res["floor"])), ""]
+        race = res.get("torch_race")
+        if race and "step" in race:
+            t = race["step"]["timings"]
+            lines += ["against PyTorch, per train step (the race's own run; × its floor):", "",
+                      timing.format_table(timing.table(list(t.values()), floor=t["floor"])), ""]
+        elif race:
+            lines += [race["skipped"], ""]
     lines.append(timing.stamp_text(results["stamp"]))
     return "\n".join(lines)
 
@@ -139,9 +162,12 @@ def save_figures(results: dict[str, Any]) -> list[Path]:
     paths = []
     for part, res in results["parts"].items():
         unit = "ms" if res["floor"].median > 1e-3 else "µs"
+        race = (res.get("torch_race") or {}).get("step")
+        others = [t for n, t in race["timings"].items() if n.startswith(("PyTorch", "torch"))] if race else []
         fig = plots.plot_ladder(res["rungs"], floor=res["floor"], dispatch_floor=res.get("dispatch_floor"),
                                 unit=unit, title=f"{part}: time per {'iteration' if part == 'pln' else 'train step'}",
-                                caption=timing.stamp_text(results["stamp"]))
+                                caption=timing.stamp_text(results["stamp"]), others=others,
+                                others_floor=race["timings"]["floor"] if race else None)
         paths.append(plots.save_figure(fig, f"ladder-{part}.png"))
     return paths
 

@@ -59,22 +59,34 @@ def plot_ladder(
     unit: str = "µs",
     caption: str | None = None,
     log: bool | None = None,
+    others: Sequence[Timing] = (),
+    others_floor: Timing | None = None,
+    others_label: str = "PyTorch",
 ) -> plt.Figure:
     """Horizontal bars of median time per call (IQR as whiskers), one per rung, top to bottom,
     with the floor drawn as a dashed line and each bar labelled with its ratio to the floor.
+    ``others`` (another program's times, such as PyTorch's) come last, in another colour, each labelled
+    with its ratio to ``others_floor``: the floor timed in the same run as they were (required with them).
     Busy or noisy timings get hatched bars and a red warning above the caption."""
     if not timings:
         raise ValueError("plot_ladder needs at least one timing")
     if unit not in _SCALE:
         raise ValueError(f"unit must be one of {list(_SCALE)}; got {unit!r}")
+    if others and others_floor is None:
+        raise ValueError("plot_ladder: others need others_floor, the floor timed in the same run as they were")
+    n_own = len(timings)
+    timings = [*timings, *others]
     k = _SCALE[unit]
     med = np.array([t.median for t in timings]) * k
     lo = med - np.array([t.q1 for t in timings]) * k
     hi = np.array([t.q3 for t in timings]) * k - med
     fig, ax = plt.subplots(figsize=(8, 0.55 * len(timings) + 1.6))
     y = np.arange(len(timings))[::-1]
-    bars = ax.barh(y, med, xerr=[np.clip(lo, 0, None), np.clip(hi, 0, None)], color="#4c72b0", alpha=0.85,
+    colours = ["#4c72b0"] * n_own + ["#dd8452"] * (len(timings) - n_own)
+    bars = ax.barh(y, med, xerr=[np.clip(lo, 0, None), np.clip(hi, 0, None)], color=colours, alpha=0.85,
                    capsize=3)
+    if others:
+        bars[n_own].set_label(f"{others_label} (× its own run's floor: {others_floor.median * k:.3g} {unit})")
     for bar, t in zip(bars, timings):
         if t.noise:
             bar.set_hatch("//")
@@ -87,14 +99,15 @@ def plot_ladder(
         if ref is not None:
             ax.axvline(ref.median * k, color="#c44e52", linestyle=style, label=f"{label}: {ref.median * k:.3g} {unit}")
     if floor is not None:
-        for yi, m, t in zip(y, med, timings):
-            ax.text(m, yi, f"  {t.median / floor.median:.2f}×", va="center", fontsize=9)
+        for i, (yi, m, t) in enumerate(zip(y, med, timings)):
+            ref = floor if i < n_own else others_floor
+            ax.text(m, yi, f"  {t.median / ref.median:.2f}×", va="center", fontsize=9)
         ax.legend(loc="lower right", fontsize=8)
-    elif dispatch_floor is not None:
+    elif dispatch_floor is not None or others:
         ax.legend(loc="lower right", fontsize=8)
     ax.set_xlabel(f"median time per call ({unit}); whiskers: interquartile range")
     ax.set_title(title)
-    _caption(fig, caption, noise_note([*timings, floor, dispatch_floor]))
+    _caption(fig, caption, noise_note([*timings, floor, dispatch_floor, others_floor]))
     ax.margins(x=0.15)
     fig.tight_layout()
     return fig
