@@ -74,6 +74,9 @@ class Exercise:
     slow_hint: str = ""  # what to look at when it is right but slow
     slow_factor: float = SLOW_FACTOR
     repeats: int = 5  # rounds of the timing race
+    # False where the answer is itself a measurement (a timer, as on the Method page): its result is
+    # checked against the reference's, and it is not raced (a timer's own speed is not the point)
+    timed: bool = True
 
 
 REGISTRY: dict[str, Exercise] = {}
@@ -329,11 +332,11 @@ def _check(name: str, answer: Callable[..., Any], repeats: int | None, time_it: 
         report.problem = f"Your answer's result is not the reference's: {str(err).strip() or 'they differ'}"
         return report
     report.right, report.hint = True, exercise.slow_hint
-    if not time_it:
+    if not time_it or not exercise.timed:
         return report
     tally = {"yours": 0, "reference": 0, "start": 0}
     contenders = {"yours": answer, "reference": exercise.reference}
-    if exercise.start is not None:
+    if exercise.start is not None and exercise.start is not answer:  # the starting program itself: raced once
         contenders["start"] = exercise.start
     calls = {}
     for key, fn in contenders.items():
@@ -349,7 +352,8 @@ def _check(name: str, answer: Callable[..., Any], repeats: int | None, time_it: 
     report.timings = timings
     report.seconds = timings["yours"].median
     report.reference_seconds = timings["reference"].median
-    report.start_seconds = timings["start"].median if "start" in timings else None
+    report.start_seconds = (timings["start"].median if "start" in timings
+                            else report.seconds if exercise.start is answer else None)
     report.compiles = tally["yours"]
     if not math.isfinite(report.seconds):
         report.right, report.problem = False, "Your answer's timing is not finite"
