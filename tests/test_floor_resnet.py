@@ -24,11 +24,14 @@ def _start():
 
 
 def _run(step, leaves, xs, ys):
-    jitted, losses = jax.jit(step), []
+    """Train from ``leaves``: the losses, the final leaves, and the first step's leaves (Adam's state
+    then holds the first gradient)."""
+    jitted, losses, first = jax.jit(step), [], None
     for x, y in zip(xs, ys):
         leaves, loss = jitted(leaves, x, y)
         losses.append(loss)
-    return np.array(losses), leaves
+        first = leaves if first is None else first
+    return np.array(losses), leaves, first
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +39,20 @@ def batches():
     return tuple(jnp.asarray(a) for a in resnet_ladder.training_batches(N_STEPS, BATCH))
 
 
-def test_faster_floor_gives_the_floors_losses_and_weights(batches):
+def test_faster_floor_gives_the_floors_gradient_losses_and_weights(batches):
     graphdef, treedef, leaves = _start()
-    ref, ref_leaves = _run(R.floor_step(graphdef, treedef), leaves, *batches)
-    ours, our_leaves = _run(FL.faster_floor_step(graphdef, treedef), leaves, *batches)
+    merged = lambda ls: nnx.merge(graphdef, jax.tree.unflatten(treedef, ls))  # noqa: E731
+    ref, _, ref_first = _run(R.floor_step(graphdef, treedef), leaves, *batches)
+    ours, our_leaves, our_first = _run(FL.faster_floor_step(graphdef, treedef), leaves, *batches)
+    resnet_ladder.assert_same_gradients(resnet_ladder.first_gradient(merged(our_first)[1].opt_state),
+                                        resnet_ladder.first_gradient(merged(ref_first)[1].opt_state), "faster floor")
     resnet_ladder.assert_same_losses(ours, ref, "faster floor")
-    weights = lambda ls: resnet_nnx.weights(nnx.merge(graphdef, jax.tree.unflatten(treedef, ls))[0])  # noqa: E731
-    resnet_ladder.assert_same_weights(weights(our_leaves), weights(ref_leaves), N_STEPS)
-    assert len(our_leaves) == len(ref_leaves)
+    assert len(our_leaves) == len(leaves)
+    with jax.enable_x64(True):  # the weights after N steps: float64 runs (resnet_ladder.assert_same_weights)
+        leaves64, xs64 = resnet_ladder.to_float64(leaves), batches[0].astype(jnp.float64)
+        weights = {name: resnet_nnx.weights(merged(_run(step(graphdef, treedef), leaves64, xs64, batches[1])[1])[0])
+                   for name, step in (("floor", R.floor_step), ("faster", FL.faster_floor_step))}
+    resnet_ladder.assert_same_weights(weights["faster"], weights["floor"], "faster floor")
 
 
 def test_the_faster_floor_has_no_slow_layout_convolutions(batches):
@@ -56,13 +65,56 @@ def test_the_faster_floor_has_no_slow_layout_convolutions(batches):
 
 
 @pytest.mark.parametrize("k, stride, pad", [(3, 1, 1), (3, 2, 1), (1, 2, 0)])
-def test_conv_as_matmul_is_the_convolution(k, stride, pad):
-    x = jax.random.normal(jax.random.key(0), (8, 4, 4, 6))
-    w = jax.random.normal(jax.random.key(1), (k, k, 6, 12)) / np.sqrt(k * k * 6)
+def test_conv_as_matmul_is_the_convolution_and_its_gradient(k, stride, pad):
+    rng = np.random.default_rng(0)  # NumPy draws and one jitted program: no eager op to compile
+    x = rng.standard_normal((8, 4, 4, 6), np.float32)
+    w = rng.standard_normal((k, k, 6, 12), np.float32) / np.float32(np.sqrt(k * k * 6))
+    side = (4 + 2 * pad - k) // stride + 1
+    cot = rng.standard_normal((8, side, side, 12), np.float32)
     args = ((stride, stride), ((pad, pad), (pad, pad)))
-    ref = jax.lax.conv_general_dilated(x, w, *args, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    @jax.jit
+    def both(x, w, cot):
+        lax_conv = lambda x, w: jax.lax.conv_general_dilated(x, w, *args, dimension_numbers=("NHWC", "HWIO", "NHWC"))  # noqa: E731
+        ours, our_vjp = jax.vjp(lambda x, w: FL.conv_as_matmul(x, w, *args), x, w)
+        ref, ref_vjp = jax.vjp(lax_conv, x, w)
+        return (ours, *our_vjp(cot)), (ref, *ref_vjp(cot))
+
+    ours, ref = both(x, w, cot)
     # O(1) outputs, sums of at most 54 float32 products in another order: rounding of ~1e-7
-    np.testing.assert_allclose(np.asarray(FL.conv_as_matmul(x, w, *args)), np.asarray(ref), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ours[0]), np.asarray(ref[0]), atol=1e-5)
+    # the backward pass (VJP) with an O(1) cotangent: the input's gradient sums at most k·k·12 = 108 products
+    # of O(0.1) kernel entries, the kernel's gradient 8·4·4 = 128 products of O(1) terms (|sum| ≲ 10):
+    # float32 rounding of ~1e-6 of those sums; 1e-4 relative to each gradient's largest entry is a wide margin
+    for name, a, b in zip(("images", "kernel"), ours[1:], ref[1:]):
+        scale = float(np.max(np.abs(np.asarray(b))))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-4 * scale, err_msg=name)
+
+
+def test_the_gradient_check_fails_a_wrong_convolution_gradient():
+    """A patch convolution whose kernel gradient is 1 % off gives another gradient: the check fails."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 4, 4, 6), np.float32)
+    w = rng.standard_normal((3, 3, 6, 12), np.float32) / np.float32(np.sqrt(54))
+    args = ((1, 1), ((1, 1), (1, 1)))
+    conv = lambda x, w: FL.conv_as_matmul(x, w, *args)  # noqa: E731
+
+    @jax.custom_vjp
+    def wrong(x, w):
+        return conv(x, w)
+
+    def fwd(x, w):
+        return jax.vjp(conv, x, w)
+
+    def bwd(vjp, g):
+        dx, dw = vjp(g)
+        return dx, 1.01 * dw
+
+    wrong.defvjp(fwd, bwd)
+    grad = lambda f: {"kernel": np.asarray(jax.jit(jax.grad(lambda w: jnp.sum(jnp.tanh(f(x, w)))))(w))}  # noqa: E731
+    assert resnet_ladder.assert_same_gradients(grad(conv), grad(conv)) == 0.0
+    with pytest.raises(AssertionError, match="gradient of kernel"):
+        resnet_ladder.assert_same_gradients(grad(wrong), grad(conv))
 
 
 def test_large_images_keep_xla_convolution():

@@ -7,8 +7,10 @@ import pytest
 
 import jax
 import jax.numpy as jnp
+import optax
+from flax import nnx
 
-from fastjax.resnet import bench as B, ladder as L
+from fastjax.resnet import bench as B, ladder as L, resnet_nnx, rungs as R
 from fastjax.resnet.resnet_nnx import ResNetConfig
 from fastjax.tools import timing
 from fastjax.tools.timing import Timing
@@ -26,25 +28,138 @@ def batches():
 
 @pytest.fixture(scope="module")
 def reference(batches):
-    rung = L.build("nnx.jit", CONFIG)
-    return L.trajectory(rung, *batches), rung.weights()
+    rung = L.build("floor", CONFIG)
+    losses, gradient = L.trajectory_with_gradient(rung, *batches)
+    return losses, rung.weights(), gradient
 
 
-@pytest.mark.parametrize("name", [n for n in L.NNX_RUNGS + L.EQX_RUNGS + ("floor",) if n != "nnx.jit"])
-def test_every_rung_follows_the_same_trajectory(name, batches, reference):
-    ref_losses, ref_weights = reference
+@pytest.mark.parametrize("name", [n for n in L.NNX_RUNGS + L.EQX_RUNGS if not n.startswith("scan")])
+def test_every_rung_computes_the_floors_first_gradient_and_trajectory(name, batches, reference):
+    ref_losses, ref_weights, ref_gradient = reference
+    xs, ys = batches
     rung = L.build(name, CONFIG)
-    losses = L.trajectory(rung, *batches)
+    first = L.trajectory(rung, xs[:1], ys[:1])
+    L.assert_same_gradients(rung.gradient(), ref_gradient, name)
+    losses = np.concatenate([first, L.trajectory(rung, xs[1:], ys[1:])])
+    # the same step: float32 rounding only; 1e-4 relative is 50 times the largest measured (2e-6, Equinox)
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-4)
     weights = rung.weights()
     assert weights.keys() == ref_weights.keys()
-    if name in L.EQX_RUNGS:  # another program: the chapters' rule for programs that round differently
-        L.assert_same_weights(weights, ref_weights, N_STEPS)
-    else:  # the same traced step
+    if name not in L.EQX_RUNGS and name != "no-jit":  # the same traced step: the same float32 weights
         for k in weights:
             np.testing.assert_allclose(weights[k], ref_weights[k], rtol=1e-4, atol=1e-5, err_msg=k)
-    calls = N_STEPS // rung.steps_per_call
-    assert rung.traces.count == (calls if name == "no-jit" else 1)
+    assert rung.traces.count == (N_STEPS if name == "no-jit" else 1)
+
+
+@pytest.mark.parametrize("name", [n for n in L.NNX_RUNGS if n.startswith("scan")])
+def test_scan_rungs_follow_the_floor_and_end_with_its_weights(name, batches, reference):
+    ref_losses, ref_weights, _ = reference
+    rung = L.build(name, CONFIG)
+    assert rung.gradient is None  # K steps per call: no state after exactly one step
+    np.testing.assert_allclose(L.trajectory(rung, *batches), ref_losses, rtol=1e-4)
+    weights = rung.weights()
+    for k in weights:  # the floor's step traced inside a loop: measured identical weights at the quick size
+        np.testing.assert_allclose(weights[k], ref_weights[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    assert rung.traces.count == 1
+
+
+@pytest.fixture(scope="module")
+def float64_floor(batches):
+    xs, ys = batches
+    with jax.enable_x64(True):
+        rung = L.build("floor", CONFIG, float64=True)
+        L.trajectory(rung, xs.astype(np.float64), ys)
+        return rung.weights()
+
+
+@pytest.mark.parametrize("name", ["no-jit", "eqx flatten trick"])
+def test_other_programs_end_with_the_floors_weights_in_float64(name, batches, float64_floor):
+    xs, ys = batches
+    with jax.enable_x64(True):
+        rung = L.build(name, CONFIG, float64=True)
+        L.trajectory(rung, xs.astype(np.float64), ys)
+        weights = rung.weights()
+    assert all(w.dtype == np.float64 for w in weights.values())
+    assert L.assert_same_weights(weights, float64_floor, name) < L.WEIGHT_ATOL_F64
+
+
+def _wrong_floor_step(graphdef, treedef, grad_scale=1.0, drop_last=False):
+    """The floor step with a deliberate error: the gradient scaled, or the last example's term dropped."""
+    def step(leaves, images, labels):
+        model, optimizer = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
+
+        def loss_fn(m):
+            per_example = optax.softmax_cross_entropy_with_integer_labels(m(images), labels)
+            return per_example[:-1].mean() if drop_last else per_example.mean()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, jax.tree.map(lambda g: grad_scale * g, grads))
+        return jax.tree.leaves(nnx.state((model, optimizer))), loss
+
+    return step
+
+
+def _run_wrong(batches, float64=False, **wrong):
+    xs, ys = batches
+    model = resnet_nnx.make_model(CONFIG, seed=0)
+    if float64:
+        nnx.update(model, L.to_float64(nnx.state(model)))
+        xs = xs.astype(np.float64)
+    graphdef, treedef, leaves = R.floor_start(model, nnx.Optimizer(model, R.TX, wrt=nnx.Param))
+    step, gradient = jax.jit(_wrong_floor_step(graphdef, treedef, **wrong)), None
+    for x, y in zip(xs, ys):
+        leaves, _ = step(leaves, x, y)
+        if gradient is None:
+            gradient = L.first_gradient(nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))[1].opt_state)
+    return gradient, resnet_nnx.weights(nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))[0])
+
+
+@pytest.mark.parametrize("wrong", [dict(grad_scale=1.01), dict(drop_last=True)], ids=["scaled by 1.01", "term dropped"])
+def test_a_wrong_gradient_fails_the_gradient_check(wrong, batches, reference):
+    ref_losses, ref_weights, ref_gradient = reference
+    gradient, weights = _run_wrong(batches, **wrong)
+    with pytest.raises(AssertionError, match="gradient of"):
+        L.assert_same_gradients(gradient, ref_gradient, "wrong step")
+    if "grad_scale" in wrong:  # why the weights could not tell: Adam divides the scale out (up to its eps)
+        gap = max(float(np.max(np.abs(weights[k] - ref_weights[k]))) for k in weights)
+        assert gap < 1e-4 * R.LEARNING_RATE * N_STEPS, gap
+
+
+def test_a_dropped_term_fails_the_float64_weight_check(batches, float64_floor):
+    with jax.enable_x64(True):
+        _, weights = _run_wrong(batches, float64=True, drop_last=True)
+    with pytest.raises(AssertionError):
+        L.assert_same_weights(weights, float64_floor, "term dropped")
+
+
+def test_first_gradient_is_read_after_exactly_one_step(batches):
+    xs, ys = batches
+    rung = L.build("nnx.jit", CONFIG)
+    with pytest.raises(ValueError, match="0 steps"):
+        rung.gradient()
+    L.trajectory(rung, xs[:2], ys[:2])
+    with pytest.raises(ValueError, match="exactly one"):
+        rung.gradient()
+
+
+def test_trajectory_with_gradient_needs_one_step_per_call(batches):
+    with pytest.raises(ValueError, match="steps per call"):
+        L.trajectory_with_gradient(L.build("scan K=10", CONFIG), *batches)
+
+
+def test_adam_b1_is_the_one_the_optimizer_uses():
+    params = {"w": jnp.ones(3)}
+    _, state = R.TX.update({"w": jnp.full(3, 2.0)}, R.TX.init(params), params)
+    np.testing.assert_allclose(state[0].mu["w"], (1 - L.ADAM_B1) * 2.0, rtol=1e-6)
+    assert L.first_gradient(state)["w"] == pytest.approx([2.0] * 3, rel=1e-6)
+
+
+def test_to_float64_needs_x64():
+    with pytest.raises(RuntimeError, match="enable_x64"):
+        L.to_float64({"w": jnp.ones(2)})
+    with jax.enable_x64(True):
+        out = L.to_float64({"w": jnp.ones(2), "count": jnp.zeros((), jnp.int32), "name": "bn"})
+    assert out["w"].dtype == jnp.float64 and out["count"].dtype == jnp.int32 and out["name"] == "bn"
 
 
 def test_trajectory_needs_whole_scan_chunks(batches):
@@ -135,21 +250,35 @@ def test_assert_same_losses_checks_the_first_loss_tightly_and_the_rest_loosely()
         L.assert_same_losses(ref[:2], ref)
 
 
-def test_assert_same_weights_allows_a_tenth_of_a_step_per_step():
-    ref = {"w": np.zeros(3)}
-    step = L.WEIGHT_ATOL_PER_STEP
-    assert L.assert_same_weights({"w": np.array([0.0, 1.9 * step, 0.0])}, ref, n_steps=2) == pytest.approx(1.9 * step)
-    with pytest.raises(AssertionError):
-        L.assert_same_weights({"w": np.array([0.0, 2.1 * step, 0.0])}, ref, n_steps=2)
-    with pytest.raises(AssertionError, match="different weights"):
-        L.assert_same_weights({"v": np.zeros(3)}, ref, n_steps=2)
+def test_assert_same_gradients_is_relative_to_each_arrays_norm():
+    ref = {"w": np.array([1.0, -2.0, 1e-9]), "b": np.array([3.0])}
+    near = {"w": ref["w"] * (1 + 5e-6), "b": ref["b"]}
+    assert L.assert_same_gradients(near, ref) == pytest.approx(5e-6, rel=1e-3)
+    tiny = {"w": np.array([1.0, -2.0, 1e-8]), "b": ref["b"]}  # an entry near zero 10 times off: fine in the norm
+    assert L.assert_same_gradients(tiny, ref) < L.GRAD_RTOL
+    for wrong in ({"w": ref["w"] * 1.01, "b": ref["b"]}, {"w": ref["w"], "b": np.array([0.0])},
+                  {"w": ref["w"], "b": np.array([np.nan])}):
+        with pytest.raises(AssertionError, match="gradient of"):
+            L.assert_same_gradients(wrong, ref)
+    with pytest.raises(AssertionError, match="different arrays"):
+        L.assert_same_gradients({"w": ref["w"]}, ref)
+    with pytest.raises(AssertionError, match="shape"):
+        L.assert_same_gradients({"w": ref["w"][:2], "b": ref["b"]}, ref)
 
 
-def test_batchnorm_statistics_are_compared_on_their_own_scale():
-    ref = {"bn.mean": np.array([0.0, 10.0]), "bn.bias": np.zeros(2)}
-    L.assert_same_weights({"bn.mean": np.array([0.1, 10.1]), "bn.bias": np.zeros(2)}, ref, n_steps=1)
-    with pytest.raises(AssertionError, match="bn.mean"):
-        L.assert_same_weights({"bn.mean": np.array([0.5, 10.0]), "bn.bias": np.zeros(2)}, ref, n_steps=1)
+def test_assert_same_weights_compares_float64_weights_tightly():
+    ref = {"w": np.zeros(3), "bn.mean": np.array([0.0, 10.0])}
+    step = L.WEIGHT_ATOL_F64
+    ours = {"w": np.array([0.0, 0.5 * step, 0.0]), "bn.mean": np.array([0.0, 10.0 + 5 * step])}
+    assert L.assert_same_weights(ours, ref) == pytest.approx(0.5 * step)
+    with pytest.raises(AssertionError, match="w"):
+        L.assert_same_weights({**ours, "w": np.array([0.0, 2 * step, 0.0])}, ref)
+    with pytest.raises(AssertionError, match="bn.mean"):  # statistics: relative to their largest entry (10)
+        L.assert_same_weights({**ours, "bn.mean": np.array([0.0, 10.0 + 20 * step])}, ref)
+    with pytest.raises(AssertionError, match="different arrays"):
+        L.assert_same_weights({"v": np.zeros(3)}, {"w": np.zeros(3)})
+    with pytest.raises(ValueError, match="float64"):
+        L.assert_same_weights({"w": np.zeros(3, np.float32)}, {"w": np.zeros(3)})
 
 
 def test_the_sweep_stops_before_a_width_its_budget_cannot_pay(monkeypatch):

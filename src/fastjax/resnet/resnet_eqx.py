@@ -74,7 +74,9 @@ def from_weights(w: dict[str, np.ndarray], config: ResNetConfig) -> tuple[ResNet
             new += [w[f"{name}.kernel"].T, w[f"{name}.bias"]]
         else:
             new += [w[f"{name}.scale"], w[f"{name}.bias"]]
-            state = state.set(m.batch_state_index, (jnp.asarray(w[f"{name}.mean"]), jnp.asarray(w[f"{name}.var"])))
+            old_mean, old_var = state.get(m.batch_state_index)  # dtypes as Equinox makes them (float64 under x64)
+            state = state.set(m.batch_state_index, (jnp.asarray(w[f"{name}.mean"], old_mean.dtype),
+                                                    jnp.asarray(w[f"{name}.var"], old_var.dtype)))
             state = state.set(m.batch_counter, jnp.array(0))  # weakly typed int, as Equinox makes it
 
     def where(mdl: ResNet) -> list[jax.Array]:
