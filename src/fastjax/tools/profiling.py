@@ -9,10 +9,11 @@
   ``traced_ops`` traces one call of a compiled program and returns them; ``shares_by_kind`` groups them.
 - ``fusions`` / ``unfused``: what XLA fused in a compiled program, read from ``compiled.as_text()``;
   ``fusion_bytes``: what each of its fusions reads from and writes to memory.
-- ``cost``: flops, bytes and transcendentals of a compiled program: XLA's cost analysis (one dict on
-  every JAX version; older ones return a list) with its LAPACK calls counted in. XLA does not know what
-  a ``custom-call`` computes and counts each as -1 flop and -1 byte; ``library_calls`` /
-  ``library_cost`` count the LAPACK ones (Cholesky, LU, triangular solves) from their shapes.
+- ``cost``: flops, bytes and transcendentals of a compiled program: XLA's cost analysis (``xla_cost``:
+  one dict on every JAX version; older ones return a list) with its LAPACK calls counted in. XLA does
+  not know what a ``custom-call`` computes and counts each as -1 flop and -1 byte; ``library_calls`` /
+  ``library_cost`` count the LAPACK ones of a CPU program (Cholesky, LU, triangular solves) from their
+  shapes. Other custom calls (on a GPU: cuSOLVER's) stay as XLA counts them.
 - ``peak_flops`` / ``peak_bandwidth`` / ``roofline``: the device's measured peaks and the least time
   a program with given flops and bytes can take on it.
 """
