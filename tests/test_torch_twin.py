@@ -1,6 +1,6 @@
-"""The PyTorch twin of the Part II ResNet (fastjax.resnet.torch_twin, written in chapters/resnet/08-pytorch.md)
-and the race around it (fastjax.resnet.bench): same forward pass and same training as the NNX network from the
-same weights, a check that fails on a wrong twin, clear errors on bad input, and the race's machinery."""
+"""The PyTorch twin of the Part II ResNet (fastjax.resnet.torch_twin, written in chapters/resnet/08-pytorch.md):
+the same forward pass and the same training as the NNX network from the same weights, a check that fails on a
+wrong twin, and clear errors on bad input."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch", reason="the PyTorch twin needs torch, which
 
 import jax.numpy as jnp  # noqa: E402
 
-from fastjax.resnet import bench as B, ladder, resnet_nnx, rungs as R, torch_twin as T  # noqa: E402
+from fastjax.resnet import ladder, resnet_nnx, rungs as R, torch_twin as T  # noqa: E402
 from fastjax.resnet.resnet_nnx import ResNetConfig  # noqa: E402
 
 pytestmark = pytest.mark.pinned
@@ -128,61 +128,6 @@ def test_accuracy_reads_eval_mode_and_restores_training(weights):
     acc = T.torch_accuracy(model, images[0], labels[0])
     assert 0.0 <= acc <= 1.0
     assert all(m.training for m in model.modules())
-
-
-# ---------------------------------------------------------------- the race (fastjax.resnet.bench)
-
-@pytest.fixture(scope="module")
-def race():
-    return B.contenders((B.TORCH_EAGER, "floor", B.FASTER_FLOOR), CONFIG)
-
-
-def test_contenders_train_the_same_and_restart(race, batches, floor_losses):
-    xs, ys = batches
-    eager = B.train_losses(race[B.TORCH_EAGER], xs, ys)
-    T.check_same_losses(eager, floor_losses, CONFIG)
-    np.testing.assert_array_equal(B.train_losses(race["floor"], xs, ys), floor_losses)  # the same program
-    np.testing.assert_array_equal(B.train_losses(race[B.TORCH_EAGER], xs, ys), eager)  # reset: the same start
-    assert race["floor"].first_call > 0 and race[B.TORCH_EAGER].first_call > 0
-
-
-def test_race_step_times_every_contender_and_reports_threads(race):
-    out = B.race_step(race, BATCH, repeats=2)
-    assert set(out["timings"]) == set(race) and out["failed"] == {}
-    assert all(out["compile"][n] >= 0 for n in race)
-    assert out["threads"]["torch"] == torch.get_num_threads() and out["threads"]["cpus"] >= 1
-
-
-def test_a_contender_that_cannot_compile_is_reported_and_left_out(race):
-    def broken(x, y):
-        raise RuntimeError("InductorError: no C++ compiler found\nmore text")
-
-    c = B.Contender("torch.compile", lambda: None, broken, T.to_torch, lambda i, l: 0.0)
-    out = B.race_step({**race, "torch.compile": c}, BATCH, repeats=1)
-    assert out["failed"] == {"torch.compile": "RuntimeError: InductorError: no C++ compiler found"}
-    assert "torch.compile" not in out["timings"] and set(out["timings"]) == set(race)
-
-
-def test_race_run_reports_time_to_target_and_ratios(race):
-    out = B.race_run(race, BATCH, steps=4, every=2, target=0.0, rounds=2, compile_seconds={B.TORCH_EAGER: 0.1})
-    assert out["checks"] == [2, 4] and all(k == 2 for k in out["steps_to_target"].values())
-    eager = out["contenders"][B.TORCH_EAGER]
-    assert eager["x_eager_run"]["median"] == 1.0 and len(eager["run_seconds"]) == 2
-    assert eager["run_compile_included"]["median"] == pytest.approx(eager["run"]["median"] + 0.1)
-    assert all(len(a) == 2 for a in out["accuracy"].values())
-    with pytest.raises(ValueError, match="multiple of every"):
-        B.race_run(race, BATCH, steps=5, every=2, target=0.0, rounds=1, compile_seconds={})
-
-
-def test_profiles_split_each_side_by_kind(race, batches):
-    xs, ys = batches
-    pt = B.profile_torch(race[B.TORCH_EAGER], xs[0], ys[0], steps=2)
-    assert {k for k, _ in B.TORCH_KINDS} <= set(pt) and pt["convolutions, forward"] > 0
-    assert pt["step, profiled"] >= sum(v for k, v in pt.items() if k != "step, profiled") * (1 - 1e-9)
-    pj = B.profile_jax(race["floor"], xs[0], ys[0], steps=2)
-    assert pj["convolutions, forward"] > 0 and pj["convolutions, backward"] > 0
-    with pytest.raises(ValueError, match="floor-type contender"):
-        B.profile_jax(race[B.TORCH_EAGER], xs[0], ys[0])
 
 
 def test_to_torch_gives_default_strides():

@@ -44,7 +44,7 @@ def measure_part(part: str) -> dict[str, Any]:
 
 
 def torch_race() -> dict[str, Any]:
-    """The ResNet's race against its PyTorch twin (``fastjax.resnet.bench.race``), or ``{"skipped": why}``
+    """The ResNet's race against its PyTorch twin (``fastjax.resnet.race.race``), or ``{"skipped": why}``
     where torch is not installed (the newest leg), with the reason printed."""
     from importlib.util import find_spec
 
@@ -52,9 +52,9 @@ def torch_race() -> dict[str, Any]:
         why = "the race against PyTorch is skipped: torch is not installed (the CPU build: pip install torch)"
         print(why)
         return {"skipped": why}
-    from fastjax.resnet import bench as resnet_bench
+    from fastjax.resnet import race
 
-    return resnet_bench.race()
+    return race.race()
 
 
 def measurements_dir() -> Path:

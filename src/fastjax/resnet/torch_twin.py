@@ -159,14 +159,14 @@ def loss_rtol(config: ResNetConfig) -> float:
     different orders. Any order of adding K terms is off the exact sum by at most (K - 1)·u times the sum of
     the terms' magnitudes, u = 2^-24 (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., §4.2);
     we take K·u relative. Every convolution is followed by a BatchNorm, which rescales its output to unit
-    variance, so a relative error carries from layer to layer without growing, and ReLU, the residual sums
-    and the mean over the pixels do not enlarge it. Along the longest path, D = 1 + 2·stages·blocks
-    convolutions, at most K_max = 9·(widest input channels) terms each, the logits are then off by at most
-    D·K_max·u relative: 1.3e-5 at the quick size (D = 3, K_max = 72), 4.5e-4 at the full size (D = 13,
-    K_max = 576). The loss moves by at most twice the largest logit change, so relative to the loss by at
-    most 2·max|logit|/loss times that, a factor of 2 to 4 here; it is covered because the worst case above
-    adds every rounding error with the same sign, where random roundings add up to about √K·u, √72 ≈ 8.5 to
-    √576 = 24 times less.
+    variance, so a relative error carries from layer to layer without growing; ReLU does not enlarge it, and
+    the residual sums and the mean over the pixels add terms of the same order, which keeps it about the
+    same. Along the longest path, D = 1 + 2·stages·blocks convolutions of at most K_max = 9·(widest input
+    channels) terms each, the logits are then off by about D·K_max·u relative at most: 1.3e-5 at the quick
+    size (D = 3, K_max = 72), 4.5e-4 at the full size (D = 13, K_max = 576). The loss moves by at most
+    twice the largest change of a logit, so relative to the loss by at most 2·max|logit|/loss times that
+    (the page prints this factor); it is covered because the bound above adds every rounding error with
+    the same sign, where independent roundings add up to about √K·u: √72 ≈ 8.5 to √576 = 24 times less.
     The next losses come from weights that Adam has moved. In its first steps Adam moves each weight by
     lr·m̂/(√v̂ + eps), about ±lr wherever a gradient is larger than its rounding error, so both sides' weights
     differ only by rounding for a few steps, and the same bound holds. Then the differences grow several

@@ -1,0 +1,538 @@
+"""The race of chapters/resnet/08-pytorch.md: Part II's ResNet in PyTorch (the twin written in that page,
+:mod:`fastjax.resnet.torch_twin`) against the book's JAX steps, from the same weights on the same batches:
+per train step, over a training run to a held-out accuracy (compilation apart and included, and read from
+JAX's persistent cache in a fresh process), over the width of the network, and a profile of each side's
+step. torch is imported only inside the functions that need it, so this module imports without it.
+
+    FASTJAX_SIZE=full python -m fastjax.resnet.race --out race.json   # the whole race, and its ratios
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from fastjax import sizes
+from fastjax.resnet import digits, floor as FL, resnet_eqx, resnet_nnx, rungs as R
+from fastjax.resnet.bench import FASTER_FLOOR
+from fastjax.resnet.ladder import settings, training_batches
+from fastjax.resnet.resnet_nnx import ResNetConfig
+from fastjax.tools import profiling
+from fastjax.tools.timing import Timing, block, time_interleaved
+TORCH_EAGER = "PyTorch eager"
+TORCH_RACE_SAVED_AS = "resnet-torch"  # the part name its chapter saves the race under (fastjax.bench.save_part)
+RACE_JAX = ("nnx.jit", "eqx.filter_jit", "floor", FASTER_FLOOR)
+
+
+def race_settings() -> Any:
+    """Sizes of the race: timing rounds per step, the training run (steps, an accuracy check every
+    ``every`` steps, the held-out accuracy ``target``, rounds), the ``torch.compile`` modes, and the
+    width sweep. Measured with the floor: the quick network (one stage) reaches 40 % held-out accuracy
+    after about 85 of its 100 steps; the full one 94 % after 20, 98 % after 60 of its 600. The quick sweep
+    leaves Part V's floor out: with one stage it has no image small enough to change, so it is the floor."""
+    return sizes.choose(
+        quick=dict(repeats=5, run_steps=100, every=5, target=0.4, rounds=3, torch_modes=("default",),
+                   widths=(2, 8, 32), sweep_names=(TORCH_EAGER, "floor"), sweep_repeats=3),
+        full=dict(repeats=9, run_steps=600, every=10, target=0.98, rounds=3,
+                  torch_modes=("default", "max-autotune-no-cudagraphs"),
+                  widths=(2, 4, 8, 16, 32, 64), sweep_names=(TORCH_EAGER, "nnx.jit", "floor", FASTER_FLOOR),
+                  sweep_repeats=5))
+
+
+def torch_name(mode: str) -> str:
+    """The name a ``torch.compile`` mode races under."""
+    return "torch.compile" if mode == "default" else f"torch.compile ({mode})"
+
+
+@dataclass
+class Contender:
+    """One way to train the network, restartable from the first weights: ``reset()`` puts back the
+    weights and a fresh Adam; ``run(x, y)`` does one step on a batch from ``batch(images, labels)`` (the
+    side's own format, made once outside the clock) and returns the loss; ``accuracy(images, labels)``:
+    held-out accuracy with the running statistics. ``error``: why it cannot run (then nothing else works)."""
+
+    name: str
+    reset: Callable[[], None]
+    run: Callable[[Any, Any], Any]
+    batch: Callable[[Any, Any], tuple[Any, Any]]
+    accuracy: Callable[[Any, Any], float]
+    error: str | None = None
+    first_call: float | None = None  # seconds of the first step ever run (compilation happens there)
+    extra: dict[str, Any] = field(default_factory=dict)  # what a profile needs: the jitted step and its state
+
+    def __post_init__(self) -> None:
+        step = self.run
+
+        def run(x: Any, y: Any) -> Any:
+            if self.first_call is not None:
+                return step(x, y)
+            t0 = time.perf_counter()
+            out = block(step(x, y))
+            self.first_call = time.perf_counter() - t0
+            return out
+
+        self.run = run
+
+
+def _jax_contender(name: str, config: ResNetConfig, seed: int) -> Contender:
+    """One of ``RACE_JAX``: its jitted step is made once (so ``reset`` compiles nothing again)."""
+    batch = lambda images, labels: (jnp.asarray(images), jnp.asarray(labels))  # noqa: E731
+    predict = nnx.jit(lambda model, x: model(x).argmax(-1))
+    box: dict[str, Any] = {}
+
+    def nnx_accuracy(model: Any, images: Any, labels: Any) -> float:
+        model.eval()
+        try:
+            return float(np.mean(np.asarray(predict(model, jnp.asarray(images))) == np.asarray(labels)))
+        finally:
+            model.train()
+
+    if name == "nnx.jit":
+        step = nnx.jit(R.train_step)
+
+        def reset() -> None:
+            box["model"] = resnet_nnx.make_model(config, seed)
+            box["opt"] = nnx.Optimizer(box["model"], R.TX, wrt=nnx.Param)
+
+        return Contender(name, reset, lambda x, y: step(box["model"], box["opt"], x, y), batch,
+                         lambda i, l: nnx_accuracy(box["model"], i, l))
+    if name == "eqx.filter_jit":
+        step = eqx.filter_jit(R.eqx_train_step)
+
+        def reset() -> None:
+            model, state = resnet_eqx.from_nnx(resnet_nnx.make_model(config, seed))
+            box["c"] = (model, state, R.TX.init(eqx.filter(model, eqx.is_array)))
+
+        def run(x: Any, y: Any) -> Any:
+            *c, loss = step(*box["c"], x, y)
+            box["c"] = tuple(c)
+            return loss
+
+        return Contender(name, reset, run, batch, lambda i, l: resnet_eqx.accuracy(box["c"][0], box["c"][1], i, l))
+    model = resnet_nnx.make_model(config, seed)
+    graphdef, treedef, leaves0 = R.floor_start(model, nnx.Optimizer(model, R.TX, wrt=nnx.Param))
+    makers = {"floor": R.floor_step, FASTER_FLOOR: FL.faster_floor_step}
+    if name not in makers:
+        raise ValueError(f"unknown JAX contender {name!r}; choose from {RACE_JAX}")
+    step = jax.jit(makers[name](graphdef, treedef))
+
+    def run(x: Any, y: Any) -> Any:
+        box["leaves"], loss = step(box["leaves"], x, y)
+        return loss
+
+    return Contender(name, lambda: box.update(leaves=leaves0), run, batch,
+                     lambda i, l: nnx_accuracy(nnx.merge(graphdef, jax.tree.unflatten(treedef, box["leaves"]))[0], i, l),
+                     extra={"jitted": step, "leaves": lambda: box["leaves"]})
+
+
+def _torch_contender(config: ResNetConfig, seed: int, mode: str | None) -> Contender:
+    """PyTorch eager (``mode=None``) or ``torch.compile(model, mode=...)`` of the twin, with torch's Adam."""
+    import torch
+
+    from fastjax.resnet import torch_twin as T
+
+    w = resnet_nnx.weights(resnet_nnx.make_model(config, seed))
+    model = T.from_weights(w, config)
+    net = model if mode is None else torch.compile(model, mode=None if mode == "default" else mode)
+    box: dict[str, Any] = {}
+
+    def reset() -> None:  # the same Parameter objects get the first weights back: no new compilation
+        model.load_state_dict(T.from_weights(w, config).state_dict())
+        box["opt"] = torch.optim.Adam(model.parameters(), lr=R.LEARNING_RATE)
+
+    return Contender(TORCH_EAGER if mode is None else torch_name(mode), reset,
+                     lambda x, y: T.torch_train_step(net, box["opt"], x, y), T.to_torch,
+                     lambda i, l: T.torch_accuracy(model, i, l), extra={"model": net, "optimizer": lambda: box["opt"]})
+
+
+def contenders(names: tuple[str, ...], config: ResNetConfig, seed: int = 0,
+               torch_modes: tuple[str, ...] = ()) -> dict[str, Contender]:
+    """The JAX contenders ``names`` (of ``RACE_JAX``, and ``TORCH_EAGER``), and one ``torch.compile``
+    contender per mode in ``torch_modes``, all from the weights of ``resnet_nnx.make_model(config, seed)``."""
+    out = {}
+    for name in names:
+        out[name] = _torch_contender(config, seed, None) if name == TORCH_EAGER else _jax_contender(name, config, seed)
+    for mode in torch_modes:
+        c = _torch_contender(config, seed, mode)
+        out[c.name] = c
+    for c in out.values():
+        c.reset()
+    return out
+
+
+def first_calls(race: dict[str, Contender], x: Any, y: Any) -> dict[str, float]:
+    """Seconds of each contender's first step ever (compilation happens there): a contender that has not
+    run yet steps once on the batch ``(x, y)`` (NumPy), then ``reset()``. One whose first step raises
+    (``torch.compile`` without a C++ compiler) gets its ``error`` set and is left out of what follows."""
+    for c in race.values():
+        if c.first_call is None and c.error is None:
+            try:
+                c.run(*c.batch(x, y))
+            except Exception as err:  # noqa: BLE001 - any failure of a compiler is reported, and the race goes on
+                text = str(err).strip()
+                c.error = f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+                continue
+            c.reset()
+    return {n: c.first_call for n, c in race.items() if c.error is None}
+
+
+def threads() -> dict[str, Any]:
+    """The threads each side computes with: ``torch.get_num_threads()`` (None without torch), the threads
+    of XLA's CPU pool (``tf_XLAEigen``, counted in /proc on Linux, else None), and the CPUs this process may use."""
+    try:
+        import torch
+
+        n_torch = torch.get_num_threads()
+    except ImportError:
+        n_torch = None
+    task = Path("/proc/self/task")
+    n_xla = None
+    if task.is_dir():
+        names = []
+        for t in task.iterdir():
+            try:
+                names.append((t / "comm").read_text().strip())
+            except OSError:  # a thread that ended meanwhile
+                pass
+        n_xla = sum(n == "tf_XLAEigen" for n in names)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"torch": n_torch, "xla": n_xla, "cpus": cpus}
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    """Median and quartiles of per-round values."""
+    q1, med, q3 = np.percentile(values, [25, 50, 75])
+    return {"median": float(med), "q1": float(q1), "q3": float(q3)}
+
+
+def race_step(race: dict[str, Contender], batch: int, repeats: int) -> dict[str, Any]:
+    """Seconds per train step of each contender of ``race`` on one batch of ``batch`` training images, in
+    turns (``time_interleaved``), first calls (compilation) timed apart, before. Returns ``{"timings":
+    {name: Timing}, "first_call": {name: s}, "compile": {name: first call - median step}, "failed":
+    {name: error}, "threads": threads()}``."""
+    xs, ys = training_batches(1, batch)
+    first = first_calls(race, xs[0], ys[0])
+    fns = {}
+    for name, c in race.items():
+        if c.error is None:
+            bx, by = c.batch(xs[0], ys[0])
+            fns[name] = (lambda c=c, bx=bx, by=by: c.run(bx, by))
+    t = time_interleaved(fns, repeats)
+    for c in race.values():
+        if c.error is None:
+            c.reset()
+    return {"timings": t, "first_call": first, "compile": {n: max(first[n] - t[n].median, 0.0) for n in t},
+            "failed": {n: c.error for n, c in race.items() if c.error}, "threads": threads()}
+
+
+def race_run(race: dict[str, Contender], batch: int, steps: int, every: int, target: float, rounds: int,
+             compile_seconds: dict[str, float]) -> dict[str, Any]:
+    """Each contender trains ``steps`` steps from the first weights on the same batches, in turns, for
+    ``rounds`` rounds (``reset()`` before each): seconds of the whole run, and to the first check at which
+    the held-out accuracy reaches ``target``. The accuracy is checked every ``every`` steps in the first
+    round, the clock stopped meanwhile; later rounds only read the clock there (after waiting for the
+    step). ``compile_seconds`` (from :func:`race_step`) is added for the figures "compile included".
+    Ratios are per round: PyTorch eager's seconds over the contender's, in the same round."""
+    if steps % every:
+        raise ValueError(f"steps ({steps}) must be a multiple of every ({every})")
+    sp = digits.split()
+    xs, ys = training_batches(steps, batch)
+    live = {n: c for n, c in race.items() if c.error is None}
+    data = {n: [c.batch(x, y) for x, y in zip(xs, ys)] for n, c in live.items()}
+    checks = list(range(every, steps + 1, every))
+    clock = {n: [] for n in live}  # per round: seconds at each check
+    acc = {n: [] for n in live}
+    losses = {}
+    for r in range(rounds):
+        for n, c in live.items():
+            c.reset()
+            at, out, elapsed = [], [], 0.0
+            t0 = time.perf_counter()
+            for i, (bx, by) in enumerate(data[n]):
+                out.append(c.run(bx, by))
+                if (i + 1) % every == 0:
+                    block(out[-1])
+                    elapsed += time.perf_counter() - t0
+                    at.append(elapsed)
+                    if r == 0:
+                        acc[n].append(c.accuracy(sp.test_images, sp.test_labels))
+                    t0 = time.perf_counter()
+            clock[n].append(at)
+            if r == 0:
+                losses[n] = [float(v) for v in out]
+    reach = {n: next((k for k, a in zip(checks, acc[n]) if a >= target), None) for n in live}
+    out: dict[str, Any] = {"steps": steps, "every": every, "target": target, "rounds": rounds, "checks": checks,
+                           "accuracy": acc, "steps_to_target": reach, "losses": losses, "contenders": {}}
+    for n in live:
+        run_s = [a[-1] for a in clock[n]]
+        to_target = [a[checks.index(reach[n])] for a in clock[n]] if reach[n] else None
+        comp = compile_seconds.get(n, 0.0)
+        out["contenders"][n] = {
+            "run_seconds": run_s, "run": _spread(run_s), "compile_seconds": comp,
+            "run_compile_included": _spread([s + comp for s in run_s]),
+            "to_target_seconds": to_target, "to_target": _spread(to_target) if to_target else None,
+            "to_target_compile_included": _spread([s + comp for s in to_target]) if to_target else None}
+    if TORCH_EAGER in live:
+        eager = out["contenders"][TORCH_EAGER]
+        e_comp = eager["compile_seconds"]
+        for n, row in out["contenders"].items():
+            comp = row["compile_seconds"]
+            row["x_eager_run"] = _spread([a / b for a, b in zip(eager["run_seconds"], row["run_seconds"])])
+            row["x_eager_run_compile_included"] = _spread(
+                [(a + e_comp) / (b + comp) for a, b in zip(eager["run_seconds"], row["run_seconds"])])
+            if row["to_target_seconds"] and eager["to_target_seconds"]:
+                row["x_eager_to_target_compile_included"] = _spread(
+                    [(a + e_comp) / (b + comp) for a, b in zip(eager["to_target_seconds"], row["to_target_seconds"])])
+    return out
+
+
+def race_sweep(widths: tuple[int, ...], names: tuple[str, ...], repeats: int, seed: int = 0) -> dict[str, Any]:
+    """Seconds per train step of the contenders ``names`` at each stem width (stages, blocks and batch of the
+    size in force), timed in turns within each width; and each one's ratio to PyTorch eager's step."""
+    s = settings()
+    seconds: dict[str, list[Timing]] = {n: [] for n in names}
+    for w in widths:
+        config = ResNetConfig(width=w, stages=s.config.stages, blocks=s.config.blocks)
+        step = race_step(contenders(names, config, seed), s.batch, repeats)
+        for n in names:
+            seconds[n].append(step["timings"][n])
+    x_eager = ({n: [e.median / t.median for e, t in zip(seconds[TORCH_EAGER], ts)] for n, ts in seconds.items()}
+               if TORCH_EAGER in names else {})
+    return {"widths": list(widths), "batch": s.batch, "seconds": seconds, "x_eager": x_eager}
+
+
+def train_losses(c: Contender, images: Any, labels: Any) -> np.ndarray:
+    """The losses of ``c`` trained from its first weights on the batches ``images`` ``(n, batch, 8, 8, 1)``
+    and ``labels`` ``(n, batch)`` (NumPy), one step each; ``c`` is reset before and after."""
+    if c.error is not None:
+        raise ValueError(f"{c.name} cannot run: {c.error}")
+    c.reset()
+    out = [c.run(*c.batch(x, y)) for x, y in zip(images, labels)]
+    losses = np.array([float(v) for v in out])
+    c.reset()
+    return losses
+
+
+# What a profile's time is spent on, per side. PyTorch: the top-level events of torch.profiler (each op
+# with everything it called; the backward pass's events are the autograd engine's, one per op it
+# differentiates), grouped by what they compute; the rest of the step is Python between the ops.
+TORCH_KINDS = (("convolutions, forward", ("aten::conv2d",)),
+               ("convolutions, backward", ("ConvolutionBackward",)),
+               ("BatchNorm, forward and backward", ("aten::batch_norm", "NativeBatchNormBackward")),
+               ("Adam (and zero_grad)", ("Optimizer.step", "Optimizer.zero_grad")))
+
+
+def profile_torch(c: Contender, x: Any, y: Any, steps: int = 5) -> dict[str, float]:
+    """Milliseconds per step of a PyTorch contender by kind of work, from ``torch.profiler`` over ``steps``
+    steps on the batch ``(x, y)`` (NumPy): ``TORCH_KINDS``, "other ops" (ReLU, sums, pooling, the head, the
+    loss, the rest of autograd), "Python between the ops" (the step's time under the profiler minus its
+    events), and "step, profiled" (all of it). ``c`` is reset after."""
+    # Kineto, the profiler's engine, writes its start and stop to stderr ("USDT: ... profiler_start") at its
+    # default log level: 6 silences it, when set before the first profile in the process (checked, torch 2.13)
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    from torch.profiler import ProfilerActivity, profile
+
+    bx, by = c.batch(x, y)
+    c.run(bx, by)  # not the first call: that one compiles
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            c.run(bx, by)
+        wall = time.perf_counter() - t0
+    c.reset()
+    out = {kind: 0.0 for kind, _ in TORCH_KINDS}
+    out["other ops"] = 0.0
+    inside = 0.0
+    for e in prof.events():
+        if e.cpu_parent is not None:
+            continue
+        ms = e.cpu_time_total / 1e3 / steps
+        inside += ms
+        kind = next((k for k, keys in TORCH_KINDS if any(key in e.name for key in keys)), "other ops")
+        out[kind] += ms
+    out["Python between the ops"] = max(wall * 1e3 / steps - inside, 0.0)
+    out["step, profiled"] = wall * 1e3 / steps
+    return out
+
+
+def profile_jax(c: Contender, x: Any, y: Any, steps: int = 5) -> dict[str, float]:
+    """Milliseconds per step of a JAX contender's operations by kind, from a ``jax.profiler`` trace of
+    ``steps`` steps on the batch ``(x, y)`` (NumPy), read with ``fastjax.tools.profiling``: convolutions
+    and matrix products, forward and backward (the metadata of each op names the JAX operation it came
+    from: ``transpose(jvp(...))`` is the backward pass), "Adam and running statistics" (fusions outside
+    the gradient), "other fusions" (BatchNorm, ReLU, sums, layout copies and the patches'), "ops, summed" (XLA runs
+    some at once on its threads, so this can exceed the step), and "step, traced" (wall time per step).
+    Only contenders with a jitted step on a flat state (the floors) can be profiled this way."""
+    import re
+    import tempfile
+
+    if "jitted" not in c.extra:
+        raise ValueError(f"{c.name}: profile_jax needs a floor-type contender (a jitted step on a flat list)")
+    bx, by = c.batch(x, y)
+    c.run(bx, by)
+    leaves = c.extra["leaves"]()
+    hlo = c.extra["jitted"].lower(leaves, bx, by).compile().as_text()  # the compiled program (cached)
+    block(c.extra["jitted"](leaves, bx, by))
+    folder = tempfile.mkdtemp()
+    with jax.profiler.trace(folder):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            out = c.extra["jitted"](leaves, bx, by)
+        block(out)
+        wall = time.perf_counter() - t0
+    c.reset()
+    op_names = {}
+    for line in hlo.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name=\"([^\"]*)\"", line)
+        if m:
+            op_names[m.group(1)] = m.group(2)
+    out_ms: dict[str, float] = {}
+    for r in profiling.top_ops(profiling.read_trace(profiling.find_trace(folder)), hlo):
+        where = op_names.get(r["op name"], "")
+        backward = "transpose(jvp" in where
+        gradient = backward or "jvp(" in where
+        kind = profiling.op_kind(r)
+        if r["op"] == "convolution":
+            key = f"convolutions, {'backward' if backward else 'forward'}"
+        elif kind == "matrix products":
+            key = f"matrix products, {'backward' if backward else 'forward'}"
+        elif where and not gradient:  # an op named outside the gradient: the optimizer's update, or BatchNorm's averages
+            key = "Adam and running statistics"
+        else:
+            key = "other fusions"
+        out_ms[key] = out_ms.get(key, 0.0) + r["total ms"] / steps
+    out_ms["ops, summed"] = sum(out_ms.values())
+    out_ms["step, traced"] = wall * 1e3 / steps
+    return out_ms
+
+
+def _first_call_here(name: str, width: int, stages: int, blocks: int, batch: int, cache_dir: str) -> dict[str, float]:
+    """In this (fresh) process: the first step of the JAX contender ``name``, with JAX's persistent
+    compilation cache in ``cache_dir`` (every program kept, however small or quick to compile). Seconds."""
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # default 1 s
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    c = contenders((name,), ResNetConfig(width=width, stages=stages, blocks=blocks))[name]
+    xs, ys = training_batches(1, batch)
+    cpu = time.process_time()
+    first_calls({name: c}, xs[0], ys[0])
+    return {"first_call_seconds": c.first_call, "first_call_cpu_seconds": time.process_time() - cpu}
+
+
+def cached_first_call(name: str, config: ResNetConfig | None = None, batch: int | None = None) -> dict[str, float]:
+    """The first step of the JAX contender ``name`` in a fresh process, twice, with one persistent
+    compilation cache (a new temporary folder): the first process compiles and fills it, the second
+    reads the compiled program from it (tracing and lowering still run). Seconds of wall time, and of CPU
+    time of all the process's threads (``*_cpu_seconds``); the processes' start-up (imports) is not counted."""
+    import subprocess
+    import sys
+    import tempfile
+
+    s = settings()
+    config, batch = config or s.config, batch or s.batch
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        cmd = [sys.executable, "-m", "fastjax.resnet.race", "--first-call", name, "--cache-dir", folder,
+               "--config", str(config.width), str(config.stages), str(config.blocks), "--batch", str(batch)]
+        for key in ("cold_cache_seconds", "warm_cache_seconds"):
+            done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy(), timeout=900)
+            if done.returncode:
+                raise RuntimeError(f"the fresh process for {name!r} failed:\n{done.stderr[-2000:]}")
+            got = json.loads(done.stdout.strip().splitlines()[-1])
+            out[key], out[key.replace("seconds", "cpu_seconds")] = got["first_call_seconds"], got["first_call_cpu_seconds"]
+    return out
+
+
+def race(config: ResNetConfig | None = None) -> dict[str, Any]:
+    """The whole race at the size in force, for ``python -m fastjax.bench``: per step, over a training run
+    and over widths (PyTorch eager, ``torch.compile`` per mode, the JAX steps), with the threads used and
+    the fastest JAX step's first call in a fresh process with a persistent compilation cache. Raises
+    ImportError (torch's own) where torch is not installed."""
+    import torch  # noqa: F401  (the race needs it: fail here, before anything is timed)
+
+    s, r = settings(), race_settings()
+    config = config or s.config
+    race_ = contenders((TORCH_EAGER, *RACE_JAX), config, torch_modes=r.torch_modes)
+    step = race_step(race_, s.batch, r.repeats)
+    run = race_run(race_, s.batch, r.run_steps, r.every, r.target, r.rounds, step["compile"])
+    best = min((n for n in RACE_JAX if n in step["timings"]), key=lambda n: step["timings"][n].median)
+    cached = cached_first_call(best, config, s.batch)
+    sweep = race_sweep(r.widths, r.sweep_names, r.sweep_repeats)
+    return {"config": vars(config).copy(), "batch": s.batch, "step": step, "run": run, "best_jax": best,
+            "cached_first_call": cached, "sweep": sweep}
+
+
+def race_ratios(result: dict[str, Any]) -> dict[str, float]:
+    """The ratios issue 29 asks for, from a :func:`race` result (medians; > 1: the JAX step is faster): the
+    fastest JAX step against PyTorch eager and the fastest ``torch.compile`` per step; against eager over
+    the training run with compilation included, compiling and with the persistent cache; ``nnx.jit``
+    against eager per step; and the fastest JAX step against eager at each width of the sweep."""
+    t, best = result["step"]["timings"], result["best_jax"]
+    eager = t[TORCH_EAGER].median
+    compiled = [n for n in t if n.startswith("torch.compile")]
+    runs = result["run"]["contenders"]
+    warm = max(result["cached_first_call"]["warm_cache_seconds"] - t[best].median, 0.0)
+    e = runs[TORCH_EAGER]
+    out = {f"{best} / PyTorch eager, per step": eager / t[best].median}
+    if compiled:
+        fastest_compiled = min(compiled, key=lambda n: t[n].median)
+        out[f"{best} / {fastest_compiled}, per step"] = t[fastest_compiled].median / t[best].median
+    out[f"{best} / PyTorch eager, {result['run']['steps']}-step run, compile included"] = \
+        runs[best]["x_eager_run_compile_included"]["median"]
+    out[f"{best} / PyTorch eager, {result['run']['steps']}-step run, compile from the persistent cache"] = float(np.median(
+        [(a + e["compile_seconds"]) / (b + warm) for a, b in zip(e["run_seconds"], runs[best]["run_seconds"])]))
+    out["nnx.jit / PyTorch eager, per step"] = eager / t["nnx.jit"].median
+    sweep = result["sweep"]
+    for name, xs in sweep["x_eager"].items():
+        if name != TORCH_EAGER:
+            for w, x in zip(sweep["widths"], xs):
+                out[f"{name} / PyTorch eager, per step, width {w}"] = x
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description="The ResNet's race against PyTorch (and its fresh-process first calls).")
+    parser.add_argument("--first-call", metavar="NAME", help="time this JAX contender's first step in this process")
+    parser.add_argument("--cache-dir", help="(with --first-call) JAX's persistent compilation cache")
+    parser.add_argument("--config", type=int, nargs=3, metavar=("WIDTH", "STAGES", "BLOCKS"))
+    parser.add_argument("--batch", type=int)
+    parser.add_argument("--out", type=Path, help="write the race (at the size of FASTJAX_SIZE) to this JSON file")
+    args = parser.parse_args(argv)
+    if args.first_call:
+        if not (args.cache_dir and args.config and args.batch):
+            sys.exit("--first-call needs --cache-dir, --config and --batch")
+        print(json.dumps(_first_call_here(args.first_call, *args.config, args.batch, args.cache_dir)))
+        return
+    from fastjax import bench
+    from fastjax.tools import timing
+
+    result = race()
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(bench.to_plain({"stamp": timing.stamp(), "result": result}), indent=2, default=float))
+        print(f"wrote {args.out}")
+    t = result["step"]["timings"]
+    print(timing.format_table([{"per train step": n, "ms": v.median * 1e3, "q1": v.q1 * 1e3, "q3": v.q3 * 1e3,
+                                "first call (s)": result["step"]["first_call"][n],
+                                "× PyTorch eager": t[TORCH_EAGER].median / v.median} for n, v in t.items()]))
+    print(f"threads: {result['step']['threads']}; failed: {result['step']['failed']}")
+    for name, x in race_ratios(result).items():
+        print(f"{x:6.2f}  {name}")
+    print(timing.stamp_text())
+
+
+if __name__ == "__main__":
+    main()

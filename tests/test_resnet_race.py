@@ -1,0 +1,120 @@
+"""The race against PyTorch (fastjax.resnet.race, chapters/resnet/08-pytorch.md): contenders that restart from
+the same weights without compiling again and train the same way, the per-step race with a contender that cannot
+compile left out and named, the training run's ratios, the profiles of each side, the first call in a fresh
+process with JAX's persistent cache, and the ratios the issue asks for."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fastjax  # noqa: F401  (before JAX)
+
+torch = pytest.importorskip("torch", reason="the race needs torch, which the newest leg does not install")
+
+from fastjax.resnet import ladder, race as B, torch_twin as T  # noqa: E402
+from fastjax.resnet.resnet_nnx import ResNetConfig  # noqa: E402
+
+pytestmark = pytest.mark.pinned
+
+CONFIG = ResNetConfig(width=4, stages=2, blocks=1)
+BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def batches():
+    return ladder.training_batches(T.CHECK_STEPS + 2, BATCH)
+
+
+@pytest.fixture(scope="module")
+def floor_losses(batches):
+    xs, ys = batches
+    return ladder.trajectory(ladder.build("floor", CONFIG), xs, ys)
+
+
+@pytest.fixture(scope="module")
+def race():
+    return B.contenders((B.TORCH_EAGER, "floor", B.FASTER_FLOOR), CONFIG)
+
+def test_contenders_train_the_same_and_restart(race, batches, floor_losses):
+    xs, ys = batches
+    eager = B.train_losses(race[B.TORCH_EAGER], xs, ys)
+    T.check_same_losses(eager, floor_losses, CONFIG)
+    np.testing.assert_array_equal(B.train_losses(race["floor"], xs, ys), floor_losses)  # the same program
+    np.testing.assert_array_equal(B.train_losses(race[B.TORCH_EAGER], xs, ys), eager)  # reset: the same start
+    assert race["floor"].first_call > 0 and race[B.TORCH_EAGER].first_call > 0
+
+
+def test_race_step_times_every_contender_and_reports_threads(race):
+    out = B.race_step(race, BATCH, repeats=2)
+    assert set(out["timings"]) == set(race) and out["failed"] == {}
+    assert all(out["compile"][n] >= 0 for n in race)
+    assert out["threads"]["torch"] == torch.get_num_threads() and out["threads"]["cpus"] >= 1
+
+
+def test_a_contender_that_cannot_compile_is_reported_and_left_out(race):
+    def broken(x, y):
+        raise RuntimeError("InductorError: no C++ compiler found\nmore text")
+
+    c = B.Contender("torch.compile", lambda: None, broken, T.to_torch, lambda i, l: 0.0)
+    out = B.race_step({**race, "torch.compile": c}, BATCH, repeats=1)
+    assert out["failed"] == {"torch.compile": "RuntimeError: InductorError: no C++ compiler found"}
+    assert "torch.compile" not in out["timings"] and set(out["timings"]) == set(race)
+
+
+def test_race_run_reports_time_to_target_and_ratios(race):
+    out = B.race_run(race, BATCH, steps=4, every=2, target=0.0, rounds=2, compile_seconds={B.TORCH_EAGER: 0.1})
+    assert out["checks"] == [2, 4] and all(k == 2 for k in out["steps_to_target"].values())
+    eager = out["contenders"][B.TORCH_EAGER]
+    assert eager["x_eager_run"]["median"] == 1.0 and len(eager["run_seconds"]) == 2
+    assert eager["run_compile_included"]["median"] == pytest.approx(eager["run"]["median"] + 0.1)
+    assert all(len(a) == 2 for a in out["accuracy"].values())
+    with pytest.raises(ValueError, match="multiple of every"):
+        B.race_run(race, BATCH, steps=5, every=2, target=0.0, rounds=1, compile_seconds={})
+
+
+def test_profiles_split_each_side_by_kind(race, batches):
+    xs, ys = batches
+    pt = B.profile_torch(race[B.TORCH_EAGER], xs[0], ys[0], steps=2)
+    assert {k for k, _ in B.TORCH_KINDS} <= set(pt) and pt["convolutions, forward"] > 0
+    assert pt["step, profiled"] >= sum(v for k, v in pt.items() if k != "step, profiled") * (1 - 1e-9)
+    pj = B.profile_jax(race["floor"], xs[0], ys[0], steps=2)
+    assert pj["convolutions, forward"] > 0 and pj["convolutions, backward"] > 0
+    with pytest.raises(ValueError, match="floor-type contender"):
+        B.profile_jax(race[B.TORCH_EAGER], xs[0], ys[0])
+
+
+
+def test_unknown_contenders_are_refused():
+    with pytest.raises(ValueError, match="unknown JAX contender"):
+        B.contenders(("nnx.vmap",), CONFIG)
+
+
+def test_race_sweep_times_each_width_against_eager():
+    out = B.race_sweep((2, 4), (B.TORCH_EAGER, "floor"), repeats=1)
+    assert out["widths"] == [2, 4] and [len(v) for v in out["seconds"].values()] == [2, 2]
+    assert out["x_eager"][B.TORCH_EAGER] == [1.0, 1.0]
+
+
+def test_cached_first_call_runs_two_fresh_processes():
+    out = B.cached_first_call("floor", ResNetConfig(width=2, stages=1, blocks=1), BATCH)
+    assert set(out) == {"cold_cache_seconds", "cold_cache_cpu_seconds", "warm_cache_seconds", "warm_cache_cpu_seconds"}
+    assert all(v > 0 for v in out.values())
+    with pytest.raises(RuntimeError, match="fresh process for 'nnx.vmap' failed"):
+        B.cached_first_call("nnx.vmap", ResNetConfig(width=2, stages=1, blocks=1), BATCH)
+
+
+def test_race_ratios_reads_the_issues_figures():
+    from fastjax.tools.timing import Timing
+
+    t = {B.TORCH_EAGER: Timing(B.TORCH_EAGER, [4e-3] * 3), "torch.compile": Timing("torch.compile", [3e-3] * 3),
+         "nnx.jit": Timing("nnx.jit", [5e-3] * 3), "floor": Timing("floor", [2e-3] * 3)}
+    runs = {B.TORCH_EAGER: {"run_seconds": [4.0, 4.0], "compile_seconds": 0.0},
+            "floor": {"run_seconds": [2.0, 2.0], "compile_seconds": 2.0, "x_eager_run_compile_included": {"median": 1.0}}}
+    result = {"step": {"timings": t}, "best_jax": "floor", "run": {"steps": 600, "contenders": runs},
+              "cached_first_call": {"warm_cache_seconds": 0.002}, "sweep": {"widths": [2], "x_eager": {"floor": [3.0]}}}
+    r = B.race_ratios(result)
+    assert r["floor / PyTorch eager, per step"] == 2.0 and r["floor / torch.compile, per step"] == 1.5
+    assert r["floor / PyTorch eager, 600-step run, compile included"] == 1.0
+    assert r["floor / PyTorch eager, 600-step run, compile from the persistent cache"] == 2.0  # warm: no compile left
+    assert r["nnx.jit / PyTorch eager, per step"] == 0.8 and r["floor / PyTorch eager, per step, width 2"] == 3.0
