@@ -25,6 +25,7 @@ every exercise keeps the machine busy (``recorded``).
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import math
 import time
@@ -298,6 +299,18 @@ def recorded() -> dict[str, dict[str, float]]:
     return out
 
 
+def _same_program(answer: Callable[..., Any], start: Callable[..., Any]) -> bool:
+    """Whether ``answer`` is the starting program: the same object, or a function of the same name and
+    source (a page's own copy of it, which the page's generated module holds too)."""
+    if answer is start:
+        return True
+    try:
+        return (getattr(answer, "__qualname__", None) == getattr(start, "__qualname__", None)
+                and inspect.getsource(answer) == inspect.getsource(start))
+    except (OSError, TypeError):  # no source to read (a builtin, a lambda typed in a console)
+        return False
+
+
 def check(name: str, answer: Callable[..., Any], repeats: int | None = None, time_it: bool = True) -> Report:
     """Check ``answer`` against exercise ``name``'s reference: is its result the same, and how fast is it?
 
@@ -336,7 +349,8 @@ def _check(name: str, answer: Callable[..., Any], repeats: int | None, time_it: 
         return report
     tally = {"yours": 0, "reference": 0, "start": 0}
     contenders = {"yours": answer, "reference": exercise.reference}
-    if exercise.start is not None and exercise.start is not answer:  # the starting program itself: raced once
+    is_start = exercise.start is not None and _same_program(answer, exercise.start)
+    if exercise.start is not None and not is_start:  # the starting program as the answer is raced once
         contenders["start"] = exercise.start
     calls = {}
     for key, fn in contenders.items():
@@ -352,8 +366,7 @@ def _check(name: str, answer: Callable[..., Any], repeats: int | None, time_it: 
     report.timings = timings
     report.seconds = timings["yours"].median
     report.reference_seconds = timings["reference"].median
-    report.start_seconds = (timings["start"].median if "start" in timings
-                            else report.seconds if exercise.start is answer else None)
+    report.start_seconds = timings["start"].median if "start" in timings else report.seconds if is_start else None
     report.compiles = tally["yours"]
     if not math.isfinite(report.seconds):
         report.right, report.problem = False, "Your answer's timing is not finite"

@@ -1,0 +1,145 @@
+"""Part I's practice self-checks (fastjax.exercises.pln): for each exercise a right fit passes and does
+not compile again, a plausible mistake is named, and a slow fit (the starting program when it is 10x
+slower or more, else one that compiles at every call) is called slow. Wrong answers reuse compiled
+pieces where they can, so that the file stays short."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import fastjax  # noqa: F401
+from fastjax import exercises as ex, pln
+from fastjax.exercises import pln_code as code
+from fastjax.exercises.pln import N_ITER, small_data, same_fit
+from fastjax.pln import rungs as R
+
+COMPILES = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, duration, **kw: COMPILES.append(event) if event == ex.COMPILE_EVENT else None)
+
+
+def assert_right_and_compiled_once(name, fit):
+    """``fit`` passes the check (result only), and a second run of it compiles nothing."""
+    exercise = ex.get(name)
+    report = ex.check(name, fit, time_it=False)
+    assert report.right, report.text()
+    before = len(COMPILES)
+    jax.block_until_ready(exercise.run(fit, exercise.arguments()))
+    assert len(COMPILES) == before, f"{fit.__name__} compiled again on its second run"
+
+
+def assert_wrong(name, fit, words):
+    report = ex.check(name, fit, time_it=False)
+    assert not report.right and words in report.problem, report.text()
+    assert "Traceback" not in report.text() and report.hint
+
+
+def assert_slow(name, fit, retraces):
+    report = ex.check(name, fit, repeats=1)
+    assert report.right and report.slow and not report.passed, report.text()
+    assert report.retraces == retraces, report.text()
+    return report
+
+
+def retracing(fit):
+    """``fit`` followed by a small helper jitted anew at every call (a lambda made in the fit): right, and
+    it compiles at every call, which the check counts. Cheaper to compile than a retracing PLN step."""
+    def fit_with_a_helper_jitted_inside(*args):
+        params, elbos = fit(*args)
+        return params, jax.jit(lambda e: e * 1.0)(elbos)
+    return fit_with_a_helper_jitted_inside
+
+
+# ---------------------------------------------------------------- pln-1
+
+def fit_state_not_carried(data, n_iter):  # a plausible mistake: the optimizer state of the start, every step
+    params = pln.start(data)
+    opt_state = code.tx_once.init(params)
+    elbos = []
+    for _ in range(n_iter):
+        value, grads = R.grad_fn(params, data)
+        updates, _ = code.update_once(grads, opt_state, params)
+        params = R.apply_fn(params, updates)
+        elbos.append(-value)
+    return params, jnp.stack(elbos)
+
+
+def test_pln_1():
+    assert_right_and_compiled_once("pln-1", code.fit_update_jitted_once)
+    assert_wrong("pln-1", fit_state_not_carried, "differs from the reference")
+    report = assert_slow("pln-1", code.fit_new_optimizer_each_time, retraces=True)  # compiles the update every fit
+    assert "jax.jit caches by function" in report.text()
+
+
+# ---------------------------------------------------------------- pln-2
+
+def fit_scan_wrong_start(data, n_iter):  # S started at 1 instead of pyPLNmodels' 1/2 (the same compiled scan)
+    m, s = pln.start(data)
+    return R.scan_fit_jit((m, jnp.ones_like(s)), data, n_iter=n_iter)
+
+
+def test_pln_2():
+    assert_right_and_compiled_once("pln-2", code.fit_scan)
+    assert_wrong("pln-2", fit_scan_wrong_start, "differs from the reference")
+    # the starting program is 2-7x slower here, too close to judge under load; a retracing fit is slow for sure
+    assert_slow("pln-2", retracing(code.fit_scan), retraces=True)
+
+
+# ---------------------------------------------------------------- pln-3
+
+def fit_namedtuple_first_state_kept(data, n_iter):  # rebuilds the state by hand and keeps the first optimizer state
+    m, s = pln.start(data)
+    first = R.PlnState(m, s, pln.optimizer().init((m, s)))
+    state, elbos = first, []
+    for _ in range(n_iter):
+        new, elbo = code.namedtuple_step(state, data)
+        state = R.PlnState(new.m, new.s, first.opt_state)
+        elbos.append(elbo)
+    return (state.m, state.s), jnp.stack(elbos)
+
+
+def test_pln_3():
+    assert_right_and_compiled_once("pln-3", code.fit_with_namedtuple)
+    assert_wrong("pln-3", fit_namedtuple_first_state_kept, "differs from the reference")
+    assert_slow("pln-3", retracing(code.fit_with_namedtuple), retraces=True)  # the start: 4-7x, too close
+
+
+# ---------------------------------------------------------------- pln-4
+
+def fit_until_last_elbo_lost(data):  # appends each ELBO after the test: the last one is lost
+    params = pln.start(data)
+    opt_state = R.tx.init(params)
+    crit = pln.criterion_start(params[0].dtype)
+    elbos = []
+    for _ in range(pln.MAXITER):
+        value, grads = R.grad_fn(params, data)
+        updates, opt_state = R.update_fn(grads, opt_state, params)
+        params = R.apply_fn(params, updates)
+        crit = pln.criterion_update(crit, -value)
+        if abs(float(crit.value)) < code.TOL_PRACTICE:
+            break
+        elbos.append(-value)
+    return params, jnp.stack(elbos)
+
+
+def test_pln_4():
+    assert_right_and_compiled_once("pln-4", code.fit_until_in_program)
+    assert_wrong("pln-4", fit_until_last_elbo_lost, "ELBOs, the reference")
+    assert_slow("pln-4", code.fit_until_host_check, retraces=False)  # 10x slower or more: 12-30x in our runs
+
+
+def test_answers_of_the_wrong_form_get_one_line():
+    report = ex.check("pln-1", lambda data, n_iter: np.zeros(n_iter), time_it=False)
+    assert not report.right and "must return ((M, S), ELBOs)" in report.problem
+    report = ex.check("pln-2", lambda data: None, time_it=False)  # forgot n_iter
+    assert not report.right and report.problem.startswith("Your answer raised TypeError")
+
+
+def test_same_fit_tolerances_catch_a_shift_of_one_iteration():
+    (params, elbos) = code.fit_update_jitted_once(small_data(), N_ITER)
+    same_fit((params, elbos), (params, elbos))
+    with pytest.raises(AssertionError, match="ELBO trajectory"):  # the ELBO after each update, not before
+        same_fit((params, jnp.concatenate([elbos[1:], elbos[-1:]])), (params, elbos))
