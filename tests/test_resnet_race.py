@@ -118,3 +118,9 @@ def test_race_ratios_reads_the_issues_figures():
     assert r["floor / PyTorch eager, 600-step run, compile included"] == 1.0
     assert r["floor / PyTorch eager, 600-step run, compile from the persistent cache"] == 2.0  # warm: no compile left
     assert r["nnx.jit / PyTorch eager, per step"] == 0.8 and r["floor / PyTorch eager, per step, width 2"] == 3.0
+
+
+def test_conv_kernels_times_each_stage_on_each_side():
+    t = B.conv_kernels(CONFIG, BATCH, repeats=1)
+    assert len(t) == 2 * 3 * 2  # stages × sides × directions
+    assert "PyTorch backward, stage 1 (4×4, 8 channels)" in t and "Part V patches forward, stage 0 (8×8, 4 channels)" in t

@@ -536,3 +536,48 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def conv_kernels(config: ResNetConfig | None = None, batch: int | None = None, repeats: int = 7,
+                 seed: int = 0) -> dict[str, Timing]:
+    """Seconds of one 3×3 convolution (stride 1, ``c`` to ``c`` channels, as in each stage of ``config``:
+    images of 8, 4, 2 pixels a side, ``width·2ˢ`` channels) on ``batch`` images, forward and backward (the
+    gradients of input and kernel, given the output's), on each side, timed in turns: XLA's convolution
+    (``lax.conv_general_dilated``, NHWC, what Part II's floor runs), Part V's patches product
+    (``floor.conv_as_matmul``), and PyTorch's ``F.conv2d`` (oneDNN; its backward alone, the graph kept).
+    Keys: ``"<side> <direction>, stage s (h×h, c channels)"``."""
+    import torch
+    import torch.nn.functional as F
+
+    s = settings()
+    config, batch = config or s.config, batch or s.batch
+    rng = np.random.default_rng(seed)
+    pad = ((1, 1), (1, 1))
+    xla = lambda x, k: jax.lax.conv_general_dilated(x, k, (1, 1), pad, dimension_numbers=("NHWC", "HWIO", "NHWC"))  # noqa: E731
+    patches = lambda x, k: FL.conv_as_matmul(x, k, (1, 1), pad)  # noqa: E731
+    fns: dict[str, Callable[[], Any]] = {}
+    for stage, c in enumerate(config.stage_widths()):
+        side = 8 >> stage
+        where = f"stage {stage} ({side}×{side}, {c} channels)"
+        x = rng.standard_normal((batch, side, side, c)).astype(np.float32)
+        k = (rng.standard_normal((3, 3, c, c)) / np.sqrt(9 * c)).astype(np.float32)
+        g = rng.standard_normal((batch, side, side, c)).astype(np.float32)
+        xj, kj, gj = jnp.asarray(x), jnp.asarray(k), jnp.asarray(g)
+        for name, conv in (("XLA convolution", xla), ("Part V patches", patches)):
+            fwd = jax.jit(conv)
+            bwd = jax.jit(lambda x_, k_, g_, conv=conv: jax.vjp(conv, x_, k_)[1](g_))
+            fns[f"{name} forward, {where}"] = lambda f=fwd, a=xj, b=kj: f(a, b)
+            fns[f"{name} backward, {where}"] = lambda f=bwd, a=xj, b=kj, d=gj: f(a, b, d)
+        xt = torch.tensor(x.transpose(0, 3, 1, 2)).contiguous().requires_grad_(True)
+        kt = torch.tensor(k.transpose(3, 2, 0, 1)).contiguous().requires_grad_(True)
+        gt = torch.tensor(g.transpose(0, 3, 1, 2)).contiguous()
+        yt = F.conv2d(xt, kt, padding=1)
+
+        def torch_fwd(xt=xt, kt=kt):
+            with torch.no_grad():
+                return F.conv2d(xt, kt, padding=1)
+
+        fns[f"PyTorch forward, {where}"] = torch_fwd
+        fns[f"PyTorch backward, {where}"] = lambda yt=yt, xt=xt, kt=kt, gt=gt: torch.autograd.grad(
+            yt, (xt, kt), gt, retain_graph=True)
+    return time_interleaved(fns, repeats)
