@@ -124,3 +124,14 @@ def test_conv_kernels_times_each_stage_on_each_side():
     t = B.conv_kernels(CONFIG, BATCH, repeats=1)
     assert len(t) == 2 * 3 * 2  # stages × sides × directions
     assert "PyTorch backward, stage 1 (4×4, 8 channels)" in t and "Part V patches forward, stage 0 (8×8, 4 channels)" in t
+
+
+def test_jitted_accuracies_match_the_eager_ones():
+    from fastjax.resnet import digits, resnet_eqx, resnet_nnx
+
+    sp = digits.split()
+    model = resnet_nnx.make_model(CONFIG, seed=0)
+    assert B.nnx_accuracy(model, sp.test_images, sp.test_labels) == resnet_nnx.accuracy(model, sp.test_images, sp.test_labels)
+    twin, state = resnet_eqx.from_nnx(model)
+    assert B.eqx_accuracy(twin, state, sp.test_images, sp.test_labels) == resnet_eqx.accuracy(twin, state, sp.test_images,
+                                                                                               sp.test_labels)
