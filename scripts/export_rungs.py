@@ -43,6 +43,7 @@ TARGETS = {
     "chapters/floor/03-resnet-floor": ("resnet/floor.py", "Part V's ResNet floor"),
     "chapters/practice-method": ("exercises/method_code.py", "The Method practice page's programs and reference solutions"),
     "chapters/pln/08-practice": ("exercises/pln_code.py", "Part I's practice page's programs and reference solutions"),
+    "chapters/tools/05-practice": ("exercises/tools_code.py", "Part III's practice page's programs and reference solutions"),
     "chapters/capstone": ("exercises/capstone_code.py", "The workshop capstone's starting program and reference solution"),
     "chapters/resnet/08-pytorch": ("resnet/torch_twin.py", "Part II's ResNet in PyTorch (the twin the race runs against)"),
 }
