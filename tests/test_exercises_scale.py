@@ -1,0 +1,167 @@
+"""Part IV's practice exercises (fastjax.exercises.scale): for each one, a right answer passes the check and
+does not compile again, a plausible wrong answer is named wrong with a message, and a slow answer is named
+slow by a margin that load cannot flip (10x and more, or a retrace, which the check counts).
+
+The checks run where the page runs them, on eight simulated CPU devices, in one fresh process (the device
+count is fixed when JAX starts, and this process may have started it with one); the process waits for
+each call it times. One test runs a check here, with the devices this process has."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import fastjax  # noqa: F401
+
+pytestmark = pytest.mark.xdist_group("exercises-scale")
+
+NAMES = ("scale-1", "scale-2", "scale-3", "scale-4")
+
+SCRIPT = textwrap.dedent('''
+    import json
+    import fastjax
+    from fastjax.scale import sharding
+    sharding.use_cpu_devices(8)
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from fastjax import exercises as ex
+    from fastjax.exercises import scale as practice, scale_code as code
+
+    compiles = [0]
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.__setitem__(0, compiles[0] + (event == "/jax/core/compile/backend_compile_duration")))
+    out = {"devices": len(jax.devices()), "mesh": dict(practice.mesh().shape)}
+
+    def record(key, report):
+        out[key] = {"right": report.right, "slow": report.slow, "retraces": report.retraces, "ratio": report.ratio,
+                    "problem": report.problem, "text": report.text()}
+
+    def second_run_compiles(name, answer):
+        e = ex.get(name)
+        jax.block_until_ready(e.run(answer, e.arguments()))
+        before = compiles[0]
+        jax.block_until_ready(e.run(answer, e.arguments()))
+        return compiles[0] - before
+
+    REFS = {"scale-1": code.entropies, "scale-2": code.gene_covariance, "scale-3": code.fit_on_devices,
+            "scale-4": code.fit_one_call}
+    STARTS = {"scale-1": code.entropies_loop, "scale-2": code.gene_covariance_start, "scale-3": code.fit_host,
+              "scale-4": code.fit_on_devices}
+    for name in REFS:
+        record(f"{name} reference", ex.check(name, REFS[name], time_it=False))
+        out[f"{name} reference compiles"] = second_run_compiles(name, REFS[name])
+        record(f"{name} start", ex.check(name, STARTS[name], time_it=False))
+
+    # ---- wrong answers
+    @jax.jit
+    def entropy_of_all(counts):  # each cell divided by the total of all cells
+        q = counts / jnp.sum(counts)
+        return -jnp.sum(jnp.where(q > 0, q * jnp.log(jnp.where(q > 0, q, 1.0)), 0.0), axis=1)
+    record("scale-1 wrong", ex.check("scale-1", entropy_of_all, time_it=False))
+
+    @jax.jit
+    def covariance_over_n(x):  # divided by n, not n - 1
+        centred = x - jnp.mean(x, axis=0)
+        return jnp.matmul(centred.T, centred, out_sharding=jax.P()) / x.shape[0]
+    record("scale-2 wrong", ex.check("scale-2", covariance_over_n, time_it=False))
+
+    def loss_after_the_step(mesh, covariates, counts):  # each loss read after its step, not before
+        x, y = sharding.shard_rows((jnp.asarray(covariates), jnp.asarray(counts)), mesh)
+        coef = sharding.replicate(jnp.zeros((covariates.shape[1], counts.shape[1]), jnp.float32), mesh)
+        losses = []
+        for _ in range(code.STEPS):
+            coef, _ = code.gradient_step(coef, x, y)
+            losses.append(code.poisson_loss(coef, x, y))
+        return coef, jnp.stack(losses)
+    record("scale-3 wrong", ex.check("scale-3", loss_after_the_step, time_it=False))
+
+    @jax.jit
+    def steps_from_zero(coef, x, y):  # the scan does not carry the coefficients
+        return jax.lax.scan(lambda c, _: (code.gradient_step(coef, x, y)[0], code.gradient_step(coef, x, y)[1]),
+                            coef, None, length=code.STEPS)
+    def fit_not_carried(mesh, covariates, counts):
+        x, y = sharding.shard_rows((jnp.asarray(covariates), jnp.asarray(counts)), mesh)
+        coef = sharding.replicate(jnp.zeros((covariates.shape[1], counts.shape[1]), jnp.float32), mesh)
+        return steps_from_zero(coef, x, y)
+    record("scale-4 wrong", ex.check("scale-4", fit_not_carried, time_it=False))
+    record("scale-3 not a pair", ex.check("scale-3", lambda *a: code.fit_on_devices(*a)[1], time_it=False))
+
+    # ---- slow answers: the starting program where it is 100x slower, else a jit made inside the call
+    record("scale-1 slow", ex.check("scale-1", code.entropies_loop, repeats=2))
+    RETRACING = {
+        "scale-2": lambda x: jax.jit(lambda y: code.gene_covariance(y))(x),
+        "scale-3": lambda *a: (lambda c, l: (c, jax.jit(lambda v: v + 0.0)(l)))(*code.fit_on_devices(*a)),
+        "scale-4": lambda *a: (lambda c, l: (c, jax.jit(lambda v: v + 0.0)(l)))(*code.fit_one_call(*a)),
+    }
+    for name, answer in RETRACING.items():
+        record(f"{name} slow", ex.check(name, answer, repeats=1))
+    print("RESULT " + json.dumps(out))
+''')
+
+
+@pytest.fixture(scope="module")
+def results():
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=400)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        pytest.fail(f"the checks' process failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_the_checks_run_on_eight_devices(results):
+    assert results["devices"] == 8 and results["mesh"] == {"samples": 8}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_reference_is_right_and_does_not_compile_again(results, name):
+    assert results[f"{name} reference"]["right"], results[f"{name} reference"]["text"]
+    assert results[f"{name} reference compiles"] == 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_starting_program_is_right(results, name):
+    assert results[f"{name} start"]["right"], results[f"{name} start"]["text"]
+
+
+@pytest.mark.parametrize("name, message, hint", [
+    ("scale-1", "the entropies", "that cell's total"),
+    ("scale-2", "the covariance", "n − 1"),
+    ("scale-3", "the losses of the fit", "the loss before each step"),
+    ("scale-4", "the losses of the fit", "carry the coefficients"),
+])
+def test_a_wrong_answer_is_named_with_what_to_look_at(results, name, message, hint):
+    report = results[f"{name} wrong"]
+    assert not report["right"] and message in report["problem"] and hint in report["text"], report["text"]
+
+
+def test_a_fit_that_returns_only_the_losses_is_named(results):
+    report = results["scale-3 not a pair"]
+    assert not report["right"] and "returns (coef, losses)" in report["problem"]
+
+
+def test_the_loop_over_cells_is_slow_by_far(results):
+    report = results["scale-1 slow"]
+    assert report["right"] and report["slow"] and report["ratio"] > 10, report["text"]
+
+
+@pytest.mark.parametrize("name", ["scale-2", "scale-3", "scale-4"])
+def test_an_answer_that_compiles_on_every_call_is_slow(results, name):
+    report = results[f"{name} slow"]
+    assert report["right"] and report["retraces"] and report["slow"], report["text"]
+
+
+def test_a_check_works_with_the_devices_this_process_has():
+    # a test process (or a notebook) where JAX started with whatever devices it has: the mesh takes them
+    from fastjax import exercises as ex
+    from fastjax.exercises import scale as practice, scale_code as code
+
+    import jax
+
+    n = len(jax.devices())
+    assert practice.mesh().shape["samples"] == max(d for d in range(1, n + 1) if 64 % d == 0)
+    assert ex.check("scale-4", code.fit_one_call, time_it=False).right
