@@ -11,7 +11,6 @@ import itertools
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fastjax import pln
