@@ -48,10 +48,10 @@ SCRIPT = textwrap.dedent('''
         jax.block_until_ready(e.run(answer, e.arguments()))
         return compiles[0] - before
 
-    REFS = {"scale-1": code.entropies, "scale-2": code.gene_covariance, "scale-3": code.fit_on_devices,
+    REFS = {"scale-1": code.entropies, "scale-2": code.gene_covariance, "scale-3": code.fit_one_call,
             "scale-4": code.fit_one_call}
     STARTS = {"scale-1": code.entropies_loop, "scale-2": code.gene_covariance_start, "scale-3": code.fit_host,
-              "scale-4": code.fit_on_devices}
+              "scale-4": code.fit_copied}
     for name in REFS:
         record(f"{name} reference", ex.check(name, REFS[name], time_it=False))
         out[f"{name} reference compiles"] = second_run_compiles(name, REFS[name])
@@ -78,7 +78,8 @@ SCRIPT = textwrap.dedent('''
             coef, _ = code.gradient_step(coef, x, y)
             losses.append(code.poisson_loss(coef, x, y))
         return coef, jnp.stack(losses)
-    record("scale-3 wrong", ex.check("scale-3", loss_after_the_step, time_it=False))
+    record("scale-3 wrong step", ex.check("scale-3", loss_after_the_step, time_it=False))
+    record("scale-3 on devices", ex.check("scale-3", code.fit_on_devices, time_it=False))
 
     @jax.jit
     def steps_from_zero(coef, x, y):  # the scan does not carry the coefficients
@@ -88,14 +89,20 @@ SCRIPT = textwrap.dedent('''
         x, y = sharding.shard_rows((jnp.asarray(covariates), jnp.asarray(counts)), mesh)
         coef = sharding.replicate(jnp.zeros((covariates.shape[1], counts.shape[1]), jnp.float32), mesh)
         return steps_from_zero(coef, x, y)
-    record("scale-4 wrong", ex.check("scale-4", fit_not_carried, time_it=False))
+    record("scale-3 wrong", ex.check("scale-3", fit_not_carried, time_it=False))
+
+    def everything_split(mesh, covariates, counts):  # the coefficients split too: 2 rows over 8 devices
+        x, y = sharding.shard_rows((jnp.asarray(covariates), jnp.asarray(counts)), mesh)
+        coef = sharding.shard_rows(jnp.zeros((covariates.shape[1], counts.shape[1]), jnp.float32), mesh)
+        return code.all_steps(coef, x, y)
+    record("scale-4 raises", ex.check("scale-4", everything_split, time_it=False))
     record("scale-3 not a pair", ex.check("scale-3", lambda *a: code.fit_on_devices(*a)[1], time_it=False))
 
     # ---- slow answers: the starting program where it is 100x slower, else a jit made inside the call
     record("scale-1 slow", ex.check("scale-1", code.entropies_loop, repeats=2))
     RETRACING = {
         "scale-2": lambda x: jax.jit(lambda y: code.gene_covariance(y))(x),
-        "scale-3": lambda *a: (lambda c, l: (c, jax.jit(lambda v: v + 0.0)(l)))(*code.fit_on_devices(*a)),
+        "scale-3": lambda *a: (lambda c, l: (c, jax.jit(lambda v: v + 0.0)(l)))(*code.fit_one_call(*a)),
         "scale-4": lambda *a: (lambda c, l: (c, jax.jit(lambda v: v + 0.0)(l)))(*code.fit_one_call(*a)),
     }
     for name, answer in RETRACING.items():
@@ -131,12 +138,22 @@ def test_the_starting_program_is_right(results, name):
 @pytest.mark.parametrize("name, message, hint", [
     ("scale-1", "the entropies", "that cell's total"),
     ("scale-2", "the covariance", "n − 1"),
-    ("scale-3", "the losses of the fit", "the loss before each step"),
-    ("scale-4", "the losses of the fit", "carry the coefficients"),
+    ("scale-3", "the losses of the fit", "carry the"),
+    ("scale-3 wrong step", "the losses of the fit", "the loss before each step"),
 ])
 def test_a_wrong_answer_is_named_with_what_to_look_at(results, name, message, hint):
-    report = results[f"{name} wrong"]
+    report = results[name if " " in name else f"{name} wrong"]
     assert not report["right"] and message in report["problem"] and hint in report["text"], report["text"]
+
+
+def test_scale_3_the_first_step_of_the_solution_is_right(results):
+    assert results["scale-3 on devices"]["right"], results["scale-3 on devices"]["text"]
+
+
+def test_scale_4_coefficients_split_over_more_devices_than_rows_get_a_clear_error(results):
+    report = results["scale-4 raises"]
+    assert not report["right"] and report["problem"].startswith("Your answer raised ValueError")
+    assert "do not split evenly over 8 devices" in report["problem"]
 
 
 def test_a_fit_that_returns_only_the_losses_is_named(results):

@@ -43,7 +43,7 @@ def gene_covariance(x):
     return jnp.matmul(centred.T, centred, out_sharding=jax.P()) / (x.shape[0] - 1)
 
 LEARNING_RATE = 0.5
-STEPS = 12  # steps of a fit: few enough calls in flight at once (see the top of the page)
+STEPS = 12  # steps of a fit
 
 
 def poisson_loss(coef, covariates, counts):
@@ -74,7 +74,8 @@ def gradient_step(coef, covariates, counts):
 
 
 def fit_on_devices(mesh, covariates, counts):
-    """Reference of scale-3: the data split once, the coefficients kept on the devices, the losses read once."""
+    """The first step of the solution: the data split once, the coefficients kept on the devices, one call
+    per step (``STEPS`` calls in flight at most: see the top of the page), the losses read once."""
     x, y = sharding.shard_rows((jnp.asarray(covariates), jnp.asarray(counts)), mesh)
     coef = sharding.replicate(jnp.zeros((covariates.shape[1], counts.shape[1]), jnp.float32), mesh)
     losses = []
@@ -83,6 +84,7 @@ def fit_on_devices(mesh, covariates, counts):
         losses.append(loss)
     return coef, jnp.stack(losses)
 
+
 @jax.jit
 def all_steps(coef, covariates, counts):
     """``STEPS`` gradient steps in one program: (final coefficients, the losses)."""
@@ -90,7 +92,13 @@ def all_steps(coef, covariates, counts):
 
 
 def fit_one_call(mesh, covariates, counts):
-    """Reference of scale-4: the data split once, the whole fit one call."""
+    """Reference of scale-3: the data split once, the coefficients on the devices, the whole fit one call."""
     x, y = sharding.shard_rows((jnp.asarray(covariates), jnp.asarray(counts)), mesh)
+    coef = sharding.replicate(jnp.zeros((covariates.shape[1], counts.shape[1]), jnp.float32), mesh)
+    return all_steps(coef, x, y)
+
+def fit_copied(mesh, covariates, counts):
+    """Starting program of scale-4: the whole fit in one call, the data copied whole onto every device."""
+    x, y = sharding.replicate((jnp.asarray(covariates), jnp.asarray(counts)), mesh)
     coef = sharding.replicate(jnp.zeros((covariates.shape[1], counts.shape[1]), jnp.float32), mesh)
     return all_steps(coef, x, y)
