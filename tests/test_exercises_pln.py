@@ -143,3 +143,19 @@ def test_same_fit_tolerances_catch_a_shift_of_one_iteration():
     same_fit((params, elbos), (params, elbos))
     with pytest.raises(AssertionError, match="ELBO trajectory"):  # the ELBO after each update, not before
         same_fit((params, jnp.concatenate([elbos[1:], elbos[-1:]])), (params, elbos))
+
+
+def test_a_copy_of_the_starting_program_is_raced_once(tmp_path, monkeypatch):
+    # what a page's check cell hands the check: the page's own copy of the starting program (the same
+    # name and source as the exported one, another object)
+    import importlib
+    import inspect
+
+    (tmp_path / "page_copy.py").write_text("from fastjax.exercises.pln_code import *  # noqa: F403\n\n\n"
+                                           + inspect.getsource(code.fit_update_jitted_once))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    copy = importlib.import_module("page_copy").fit_update_jitted_once
+    assert copy is not code.fit_update_jitted_once
+    report = ex.check("pln-2", copy, repeats=1)  # pln-2 starts from fit_update_jitted_once
+    assert report.right and report.start_seconds == report.seconds, report.text()
+    assert "start" not in report.timings  # raced once, as the answer
