@@ -24,7 +24,9 @@ from conftest import EXECUTED, ROOT, toc_files
 
 CELL_TIMEOUT = 600  # seconds per cell
 NOTEBOOK_TIMEOUT = 900  # seconds per chapter (pytest-timeout)
-BUILD_EXECUTES = {"chapters/results"}  # reads what pln/07 and resnet/07 saved: runs in the build, after them
+# Pages that read what other chapters saved run in the build (phase 2), after them: the Results page
+# (pln/07 and resnet/07's ladders), the workshop page (every practice page's recorded run times)
+BUILD_EXECUTES = {"chapters/results", "chapters/workshop"}
 
 
 def code_cells(nb) -> list:
@@ -67,6 +69,19 @@ def wrongly_raised(nb) -> list[str]:
             out.append(f"code cell {i + 1}: tagged raises-exception without a ':raises: ExceptionClass' line")
         elif errors and errors[0] != want:
             out.append(f"code cell {i + 1}: raised {errors[0]}, but its ':raises:' line says {want}")
+    return out
+
+
+def numpy_glues(nb) -> list[str]:
+    """Names of glued values that are NumPy scalars: under NumPy 2 their text is ``np.float64(...)``,
+    which a ``{glue:text}`name:.2f``` role cannot format (the book build fails with -W). Glue ``float(x)``."""
+    out = []
+    for c in code_cells(nb):
+        for o in c.get("outputs", []):
+            name = o.get("metadata", {}).get("scrapbook", {}).get("name")
+            text = o.get("data", {}).get("application/papermill.record/text/plain", "")
+            if name and isinstance(text, str) and text.startswith("np."):
+                out.append(f"{name} = {text}")
     return out
 
 
@@ -113,6 +128,17 @@ def test_every_raises_cell_in_the_sources_names_its_class():
     assert missing == [], "tagged raises-exception without ':raises: ExceptionClass': " + ", ".join(missing)
 
 
+def test_numpy_glues_finds_a_glued_numpy_scalar():
+    def glued(name, text):
+        c = nbformat.v4.new_code_cell("glue(...)")
+        c.outputs = [nbformat.v4.new_output("display_data", data={"application/papermill.record/text/plain": text},
+                                            metadata={"scrapbook": {"name": name, "mime_prefix": "application/papermill.record/"}})]
+        return c
+
+    nb = nbformat.v4.new_notebook(cells=[glued("a", "np.float64(1.5)"), glued("b", "1.5"), glued("c", "'np.x'")])
+    assert numpy_glues(nb) == ["a = np.float64(1.5)"]
+
+
 def test_unraised_finds_a_tagged_cell_that_did_not_raise():
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1", metadata={"tags": ["raises-exception"]}),
                                          nbformat.v4.new_code_cell("1 / 0", metadata={"tags": ["raises-exception"]})])
@@ -136,6 +162,8 @@ def test_chapter_executes(page):
     assert silent == [], f"{page}: code cells {silent} (counting from 1) are tagged raises-exception but did not raise"
     wrong = wrongly_raised(nb)
     assert wrong == [], f"{page}: " + "; ".join(wrong)
+    glued = numpy_glues(nb)
+    assert glued == [], f"{page}: NumPy scalars glued (glue float(x) instead): " + ", ".join(glued)
     # keep it for the book build (phase 2), which must render it without executing it again
     nb.metadata["mystnb"] = {"execution_mode": "off"}
     target = EXECUTED / f"{page}.ipynb"

@@ -533,6 +533,18 @@ def test_a_chapter_that_plots_shows_a_figure(visits, build, name):
     assert _image_outputs(nb), f"{name} has plotting code but its notebook shows no figure"
 
 
+def test_the_workshop_page_shows_every_exercise_measured(build):
+    """The workshop page runs in the build, after every practice page recorded its solution's time."""
+    nb = _executed(build, "chapters/workshop")
+    assert nb is not None, "the build did not execute the workshop page"
+    printed = "".join(o.get("text", "") if isinstance(o.get("text", ""), str) else "".join(o["text"])
+                      for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", []))
+    m = re.search(r"(\d+) exercises in (\d+) parts; (\d+) solutions measured by this build", printed)
+    assert m, "the workshop page did not print its count of exercises"
+    assert int(m[1]) >= 25 and int(m[2]) == 7, m[0]  # 4 per part in six parts, and the capstone
+    assert m[3] == m[1], f"solutions without a recorded time: {m[0]}"
+
+
 def test_screenshots_were_saved(visits):
     shots = sorted(SCREENSHOTS.glob("*.png"))
     assert len(shots) == len(FIRST_OF_PART)

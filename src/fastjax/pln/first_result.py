@@ -36,7 +36,7 @@ import numpy as np
 import torch
 t.append(("import torch", time.perf_counter()))
 with warnings.catch_warnings():  # pyPLNmodels imports pkg_resources, which announces its own deprecation
-    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
     from pyPLNmodels import Pln
 t.append(("import pyPLNmodels", time.perf_counter()))
 with np.load(sys.argv[1]) as f:
