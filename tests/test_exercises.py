@@ -97,3 +97,11 @@ def test_checks_and_solutions_record_their_run_time_for_the_workshop_page(toy, t
     ex.record("method-toy", "solution", 1.5)
     kept = ex.recorded()["method-toy"]
     assert kept["solution"] == 1.5 and 0 < kept["check"] < 60
+
+
+def test_compiles_during_counts_a_new_shape_and_nothing_on_a_second_call():
+    f = jax.jit(lambda x: x * 2 + 1)
+    seven, eight = jnp.asarray(np.ones(7, np.float32)), jnp.asarray(np.ones(8, np.float32))  # made outside
+    assert ex.compiles_during(lambda: f(seven)) == 1
+    assert ex.compiles_during(lambda: f(seven)) == 0
+    assert ex.compiles_during(lambda: f(eight)) == 1

@@ -20,25 +20,12 @@ from fastjax.exercises import capstone, capstone_code as code
 pytestmark = pytest.mark.xdist_group("exercises-capstone")
 
 
-class _Compiles:
-    """XLA compilations in this process (one listener for the file: JAX keeps listeners for good)."""
-
-    count = 0
-
-    @classmethod
-    def heard(cls, event, duration, **kwargs):
-        cls.count += event == "/jax/core/compile/backend_compile_duration"
-
-
-jax.monitoring.register_event_duration_secs_listener(_Compiles.heard)
 
 
 def compiles_on_a_second_call(answer) -> int:
     """XLA compilations made by a second call of ``answer`` on fresh arguments (0 for a good answer)."""
     jax.block_until_ready(answer(*capstone.check_problem()))
-    before = _Compiles.count
-    jax.block_until_ready(answer(*capstone.check_problem()))
-    return _Compiles.count - before
+    return ex.compiles_during(lambda: answer(*capstone.check_problem()))
 
 
 def eager_fit(e_step, m_step):

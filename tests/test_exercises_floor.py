@@ -22,25 +22,7 @@ STARTS = {"floor-1": code.loss_and_grad_autodiff, "floor-2": code.update_in_piec
           "floor-4": code.predict_batches_start}
 
 
-class _Compiles:
-    """XLA compilations in this process (one listener for the file: JAX keeps listeners for good)."""
 
-    count = 0
-
-    @classmethod
-    def heard(cls, event, duration, **kwargs):
-        cls.count += event == "/jax/core/compile/backend_compile_duration"
-
-
-jax.monitoring.register_event_duration_secs_listener(_Compiles.heard)
-
-
-def compiles_on_a_second_run(name, answer):
-    exercise = ex.get(name)
-    jax.block_until_ready(exercise.run(answer, exercise.arguments()))
-    before = _Compiles.count
-    jax.block_until_ready(exercise.run(answer, exercise.arguments()))
-    return _Compiles.count - before
 
 
 def test_the_four_exercises_are_registered_with_their_page(root):
@@ -60,7 +42,7 @@ def test_the_starting_program_is_right(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_the_reference_is_right_and_does_not_compile_again(name):
     assert ex.check(name, REFERENCES[name], time_it=False).right
-    assert compiles_on_a_second_run(name, REFERENCES[name]) == 0
+    assert ex.compiles_on_a_second_run(name, REFERENCES[name]) == 0
 
 
 # ---------------------------------------------------------------- second right ways

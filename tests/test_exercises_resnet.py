@@ -41,33 +41,14 @@ def test_the_starting_program_is_right(name):
     assert report.right, report.text()
 
 
-class _Compiles:
-    """XLA compilations in this process (one listener for the file: JAX keeps listeners for good)."""
 
-    count = 0
-
-    @classmethod
-    def heard(cls, event, duration, **kwargs):
-        cls.count += event == "/jax/core/compile/backend_compile_duration"
-
-
-jax.monitoring.register_event_duration_secs_listener(_Compiles.heard)
-
-
-def compiles_on_a_second_run(name, answer):
-    """How many XLA compilations a second run of ``answer`` on fresh arguments makes (0 for a good answer)."""
-    exercise = ex.get(name)
-    jax.block_until_ready(exercise.run(answer, exercise.arguments()))
-    before = _Compiles.count
-    jax.block_until_ready(exercise.run(answer, exercise.arguments()))
-    return _Compiles.count - before
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_reference_is_right_and_does_not_compile_again(name):
     report = ex.check(name, REFERENCES[name], time_it=False)
     assert report.right, report.text()
-    assert compiles_on_a_second_run(name, REFERENCES[name]) == 0
+    assert ex.compiles_on_a_second_run(name, REFERENCES[name]) == 0
 
 
 def _flat_without(write_back):

@@ -177,6 +177,24 @@ class _Compiles:
             cls.count += 1
 
 
+def compiles_during(fn: Callable[[], Any]) -> int:
+    """How many XLA compilations happen while ``fn()`` runs and its result is made ready (0 for a
+    program that was compiled before and does not retrace)."""
+    _Compiles.start()
+    before = _Compiles.count
+    timing.block(fn())
+    return _Compiles.count - before
+
+
+def compiles_on_a_second_run(name: str, answer: Callable[..., Any]) -> int:
+    """XLA compilations of a second run of ``answer`` on fresh arguments of exercise ``name`` (the first
+    run compiles; a good answer compiles nothing more)."""
+    exercise = get(name)
+    _Compiles.start()
+    timing.block(exercise.run(answer, exercise.arguments()))
+    return compiles_during(lambda: exercise.run(answer, exercise.arguments()))
+
+
 def _counting(fn: Callable[[], Any], tally: dict[str, int], key: str) -> Callable[[], Any]:
     def call() -> Any:
         before = _Compiles.count
@@ -374,5 +392,6 @@ def _check(name: str, answer: Callable[..., Any], repeats: int | None, time_it: 
     return report
 
 
-__all__ = ["Exercise", "Report", "REGISTRY", "SLOW_FACTOR", "all_exercises", "check", "get", "record", "recorded",
+__all__ = ["Exercise", "Report", "REGISTRY", "SLOW_FACTOR", "all_exercises", "check", "compiles_during",
+           "compiles_on_a_second_run", "get", "record", "recorded",
            "register", "same_arrays"]
