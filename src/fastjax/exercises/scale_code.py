@@ -75,7 +75,7 @@ def gradient_step(coef, covariates, counts):
 
 def fit_on_devices(mesh, covariates, counts):
     """The first step of the solution: the data split once, the coefficients kept on the devices, one call
-    per step (``STEPS`` calls in flight at most: see the top of the page), the losses read once."""
+    per step, the losses read once."""
     x, y = sharding.shard_rows((jnp.asarray(covariates), jnp.asarray(counts)), mesh)
     coef = sharding.replicate(jnp.zeros((covariates.shape[1], counts.shape[1]), jnp.float32), mesh)
     losses = []
