@@ -39,27 +39,35 @@ def batches():
     return tuple(jnp.asarray(a) for a in resnet_ladder.training_batches(N_STEPS, BATCH))
 
 
-def test_faster_floor_gives_the_floors_gradient_losses_and_weights(batches):
+@pytest.fixture(scope="module")
+def start():
+    """One model and its two step functions, shared by the tests below: every ``jax.jit`` of the same
+    function reuses its compiled program, so each step compiles once per dtype for the whole module."""
     graphdef, treedef, leaves = _start()
+    return graphdef, treedef, leaves, {"floor": R.floor_step(graphdef, treedef),
+                                       "faster": FL.faster_floor_step(graphdef, treedef)}
+
+
+def test_faster_floor_gives_the_floors_gradient_losses_and_weights(start, batches):
+    graphdef, treedef, leaves, steps = start
     merged = lambda ls: nnx.merge(graphdef, jax.tree.unflatten(treedef, ls))  # noqa: E731
-    ref, _, ref_first = _run(R.floor_step(graphdef, treedef), leaves, *batches)
-    ours, our_leaves, our_first = _run(FL.faster_floor_step(graphdef, treedef), leaves, *batches)
+    ref, _, ref_first = _run(steps["floor"], leaves, *batches)
+    ours, our_leaves, our_first = _run(steps["faster"], leaves, *batches)
     resnet_ladder.assert_same_gradients(resnet_ladder.first_gradient(merged(our_first)[1].opt_state),
                                         resnet_ladder.first_gradient(merged(ref_first)[1].opt_state), "faster floor")
     resnet_ladder.assert_same_losses(ours, ref, "faster floor")
     assert len(our_leaves) == len(leaves)
     with jax.enable_x64(True):  # the weights after N steps: float64 runs (resnet_ladder.assert_same_weights)
         leaves64, xs64 = resnet_ladder.to_float64(leaves), batches[0].astype(jnp.float64)
-        weights = {name: resnet_nnx.weights(merged(_run(step(graphdef, treedef), leaves64, xs64, batches[1])[1])[0])
-                   for name, step in (("floor", R.floor_step), ("faster", FL.faster_floor_step))}
+        weights = {name: resnet_nnx.weights(merged(_run(step, leaves64, xs64, batches[1])[1])[0])
+                   for name, step in steps.items()}
     resnet_ladder.assert_same_weights(weights["faster"], weights["floor"], "faster floor")
 
 
-def test_the_faster_floor_has_no_slow_layout_convolutions(batches):
-    graphdef, treedef, leaves = _start()
+def test_the_faster_floor_has_no_slow_layout_convolutions(start, batches):
+    _, _, leaves, steps = start
     xs, ys = batches
-    hlo = {name: jax.jit(step(graphdef, treedef)).lower(leaves, xs[0], ys[0]).compile().as_text()
-           for name, step in (("floor", R.floor_step), ("faster", FL.faster_floor_step))}
+    hlo = {name: jax.jit(step).lower(leaves, xs[0], ys[0]).compile().as_text() for name, step in steps.items()}
     assert "01fb_o01i->f01b" in hlo["floor"]  # the slow layout this page removes (as measured with jaxlib 0.10.2)
     assert "dim_labels=01fb" not in hlo["faster"]
 
@@ -129,9 +137,9 @@ def test_large_images_keep_xla_convolution():
 
 
 @pytest.fixture(scope="module")
-def checked():
-    graphdef, treedef, leaves = _start()
-    return FL.checked_step(FL.faster_floor_step(graphdef, treedef)), leaves
+def checked(start):
+    _, _, leaves, steps = start
+    return FL.checked_step(steps["faster"]), leaves
 
 
 def test_checked_step_runs_a_good_batch(checked, batches):
