@@ -11,8 +11,8 @@ the reference's (``same``, which raises ``AssertionError`` with a message in pla
 ``check`` runs the answer once and compares its result with the reference's; a function that raises,
 returns the wrong shape or the wrong numbers gets a short message, never a stack trace. Then it times
 the answer, the reference and the starting program in turns (medians of ``repeats`` rounds) and counts
-the XLA compilations that happen while they are timed: after the first call a fast answer compiles
-nothing, so a count above zero means the answer retraces on every call.
+the XLA compilations that happen during that race (its warm-up calls included): after the first call a
+fast answer compiles nothing, so a count above zero means the answer retraces on every call.
 
     from fastjax import exercises
     exercises.check("pln-1", my_fit)          # a Report: right or not, how fast, what to look at
@@ -262,7 +262,8 @@ class Report:
             if self.start_seconds is not None and self.seconds > 0:
                 lines.append(f"  Your speed-up over the starting program: {self.start_seconds / self.seconds:.1f}x.")
         if self.retraces:
-            lines.append(f"  Your answer compiled {self.compiles} more time(s) while it was timed: something makes JAX "
+            lines.append(f"  Your answer compiled {self.compiles} more time(s) in the race (its warm-up calls "
+                         "included): something makes JAX "
                          "trace it again on every call (a new function or closure each call, a Python value that "
                          "changes, an argument whose shape or dtype changes). tools/02-compile-time shows how to find it.")
         elif self.right and self.ratio is not None and self.ratio > self.slow_factor:
@@ -337,7 +338,8 @@ def check(name: str, answer: Callable[..., Any], repeats: int | None = None, tim
     rounds of the timing race; ``time_it=False`` only checks the result."""
     t0 = time.perf_counter()
     report = _check(name, answer, repeats, time_it)
-    record(name, "check", time.perf_counter() - t0)
+    if time_it:  # what a participant's check costs: the timed one (an untimed check would understate it)
+        record(name, "check", time.perf_counter() - t0)
     return report
 
 
