@@ -140,9 +140,9 @@ class FakeRuns:
 def fresh_cache(tmp_path, monkeypatch):
     """An empty cache folder and no answers kept in this process's memory."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(workaround, "_in_memory", {})
-    monkeypatch.setattr(workaround, "_warned", set())
-    return tmp_path
+    workaround.forget()
+    yield tmp_path
+    workaround.forget()  # the fake answers stay out of the rest of the session
 
 
 def cached(folder) -> list:
@@ -153,7 +153,7 @@ def test_probe_is_cached_per_jaxlib(fresh_cache, monkeypatch):
     runs = FakeRuns()
     monkeypatch.setattr(workaround, "run_probe", runs)
     first = workaround.probe()
-    monkeypatch.setattr(workaround, "_in_memory", {})  # as in a new process: read back from disk
+    workaround.forget()  # as in a new process: read back from disk
     second = workaround.probe()
     assert first == second and first.needs_flag
     assert runs.calls == ["", workaround.WORKAROUND_FLAG]  # once without and once with the flag, then the cache
@@ -186,7 +186,7 @@ def test_a_flag_xla_refuses_by_name_is_an_answer_and_is_cached(fresh_cache, monk
     monkeypatch.setattr(workaround, "run_probe", runs)
     first = workaround.probe()
     assert first.flag_refused and first.complete and not first.flag_known
-    monkeypatch.setattr(workaround, "_in_memory", {})
+    workaround.forget()
     assert workaround.probe() == first and len(runs.calls) == 2 and len(cached(fresh_cache)) == 1
 
 
@@ -200,7 +200,7 @@ def test_a_damaged_or_stale_cache_entry_is_probed_again(fresh_cache, monkeypatch
     incomplete = {"jaxlib": "x", "error_without": 0.3, "error_with": None, "note": "with the flag: exit 1: oops",
                   "cpu": workaround.cpu_features()}  # written by an older fastjax that kept failed runs
     path.write_text(json.dumps(incomplete))
-    monkeypatch.setattr(workaround, "_in_memory", {})
+    workaround.forget()
     assert workaround.probe().needs_flag and len(runs.calls) == 4
 
 
@@ -220,7 +220,7 @@ def test_the_cache_is_keyed_on_the_cpu(fresh_cache, monkeypatch):
     # the entry for the first CPU, copied under the second CPU's name, is probed again
     first = workaround.cache_file(version, "x86_64: avx avx2 fma sse sse2")
     first.replace(workaround.cache_file(version, "x86_64: avx avx2 avx512f fma sse sse2"))
-    monkeypatch.setattr(workaround, "_in_memory", {})
+    workaround.forget()
     assert workaround.probe().cpu == "x86_64: avx avx2 avx512f fma sse sse2" and len(runs.calls) == 6
 
 
@@ -287,6 +287,23 @@ def test_a_cache_that_cannot_be_written_warns_once_and_keeps_the_answer_in_memor
         warnings.simplefilter("error")  # warned once per process already: silent now
         assert workaround.probe().needs_flag
     assert not list((tmp_path / "full" / "fastjax").glob("*.tmp"))
+    # forget(): as a new process, nothing kept in memory and nothing warned yet: it probes and warns again
+    calls = len(runs.calls)
+    workaround.forget()
+    with pytest.warns(RuntimeWarning, match="could not save its CPU probe's answer") as caught:
+        assert workaround.probe().needs_flag
+    assert len(runs.calls) == calls + 2 and len(caught) == 1
+
+
+def test_forget_drops_the_answer_in_memory_not_the_one_on_disk(fresh_cache, monkeypatch):
+    runs = FakeRuns()
+    monkeypatch.setattr(workaround, "run_probe", runs)
+    first = workaround.probe()
+    for path in cached(fresh_cache):  # the answer on disk, damaged: only the one in memory is left
+        path.write_text("{not json")
+    assert workaround.probe() == first and len(runs.calls) == 2  # from memory
+    workaround.forget()
+    assert workaround.probe() == first and len(runs.calls) == 4  # forgotten: probed again
 
 
 def test_no_home_directory_falls_back_to_the_temp_folder(tmp_path, monkeypatch):
