@@ -13,7 +13,8 @@ instruction-set extensions, which decide what XLA and its libraries compile to; 
 often shared between machines). Only an answer is kept: a probe in which both runs gave a number, or
 in which XLA refused the flag by name; a run that timed out or crashed is tried again on the next
 import. Where the cache cannot be written (a read-only or full home), the answer is used in memory,
-with one warning.
+with one warning. ``forget`` drops what this process keeps in memory (answers and warnings given), as
+if it had just started: the next ``probe`` reads the disk again, or probes.
 
 ``TOLERANCE`` (what counts as right) is derived from float32 rounding, not guessed: see
 ``rounding_bound``.
@@ -187,12 +188,17 @@ def _sysctl_flags() -> list[str] | None:
     return sorted(words) or None
 
 
+def instruction_set_flags() -> list[str] | None:
+    """This CPU's instruction-set extensions as /proc/cpuinfo (Linux) or sysctl (macOS) names them, or None."""
+    return _cpuinfo_flags() or _sysctl_flags()
+
+
 def cpu_features() -> str:
     """This CPU as the probe's cache sees it: the architecture and its instruction-set extensions (from
     /proc/cpuinfo on Linux, sysctl on macOS), else the architecture and ``platform.processor()`` (on
     Windows its family, model and stepping)."""
     arch = platform.machine() or "unknown"
-    flags = _cpuinfo_flags() or _sysctl_flags()
+    flags = instruction_set_flags()
     if flags is None:
         return f"{arch}: {platform.processor() or 'unknown processor'}"
     return f"{arch}: {' '.join(flags)}"
@@ -239,6 +245,14 @@ def run_probe(flags: str, timeout: float) -> tuple[float | None, str]:
 
 _in_memory: dict[Path, Probe] = {}  # answers this process found or read (where the disk cannot keep them)
 _warned: set[str] = set()  # warnings given once per process
+
+
+def forget() -> None:
+    """Forget the probe answers this process keeps in memory and the warnings it has given, as a new
+    process would start: the next ``probe`` reads the answer on disk (or probes again), and a cache that
+    cannot be written warns again. The answers on disk stay."""
+    _in_memory.clear()
+    _warned.clear()
 
 
 def _load(cache: Path, cpu: str) -> Probe | None:
