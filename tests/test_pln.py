@@ -181,6 +181,7 @@ def test_poisson_part_is_the_elbo_less_its_log_determinant():
     assert parts == pytest.approx(by_hand, rel=1e-12)
 
 
+@pytest.mark.isa
 def test_jax_float32_jit_and_float64_agree(oaks):
     m, s = pln.init_latent(oaks.counts, np)
     m = m + 0.1

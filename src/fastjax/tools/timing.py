@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from fastjax import sizes
-from fastjax.setup import workaround
+from fastjax.setup import cpu, workaround
 
 
 def block(tree: Any) -> Any:
@@ -353,6 +353,9 @@ def stamp() -> dict[str, Any]:
         "device": f"{dev.platform.upper()}: {getattr(dev, 'device_kind', dev.platform)}",
         "device_count": jax.device_count(),
         "cpu_cores": os.cpu_count(),
+        "cpu_model": cpu.model(),
+        "xla_isa": cpu.xla_isa(),
+        "onednn_isa": cpu.onednn_isa(),
         "python": platform.python_version(),
         **{pkg: _version(pkg) for pkg in ("jax", "jaxlib", "flax", "equinox", "optax", "numpy")},
         "cpu_workaround": workaround.workaround_active(),
@@ -370,7 +373,10 @@ def stamp_text(s: dict[str, Any] | None = None) -> str:
     s = stamp() if s is None else s
     libs = ", ".join(f"{k} {s[k]}" for k in ("jax", "jaxlib", "flax", "equinox", "optax") if s.get(k))
     fix = "on" if s["cpu_workaround"] else "off"
-    text = (f"{s['device']} ×{s['device_count']} ({s['cpu_cores']} CPU cores) · Python {s['python']} · "
+    host = f"{s['cpu_model']}, " if s.get("cpu_model") else ""  # stamps saved before had no CPU model
+    isa = f" · XLA:CPU code {s['xla_isa']}" if s.get("xla_isa") else ""
+    isa += f" · PyTorch {s['onednn_isa']}" if s.get("onednn_isa") else ""
+    text = (f"{s['device']} ×{s['device_count']} ({host}{s['cpu_cores']} CPU cores){isa} · Python {s['python']} · "
             f"{libs} · CPU fix {fix}"
             + (f" · OPENBLAS_THREAD_TIMEOUT={s['openblas_thread_timeout']}" if s.get("openblas_thread_timeout") else "")
             + f" · size {s['size']} · {s['utc']} UTC")
