@@ -12,7 +12,7 @@ import fastjax  # noqa: F401  (before JAX)
 
 torch = pytest.importorskip("torch", reason="the race needs torch, which the newest leg does not install")
 
-from fastjax.resnet import ladder, race as B, torch_twin as T  # noqa: E402
+from fastjax.resnet import ladder, race as B, resnet_nnx, rungs as R, torch_twin as T  # noqa: E402
 from fastjax.resnet.resnet_nnx import ResNetConfig  # noqa: E402
 
 pytestmark = pytest.mark.pinned
@@ -23,7 +23,7 @@ BATCH = 16
 
 @pytest.fixture(scope="module")
 def batches():
-    return ladder.training_batches(T.CHECK_STEPS + 2, BATCH)
+    return ladder.training_batches(6, BATCH)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,9 @@ def race():
 def test_contenders_train_the_same_and_restart(race, batches, floor_losses):
     xs, ys = batches
     eager = B.train_losses(race[B.TORCH_EAGER], xs, ys)
-    T.check_same_losses(eager, floor_losses, CONFIG)
+    twin = T.from_weights(resnet_nnx.weights(resnet_nnx.make_model(CONFIG, seed=0)), CONFIG)
+    opt = torch.optim.Adam(twin.parameters(), lr=R.LEARNING_RATE)  # the twin that tests/test_torch_twin.py checks
+    np.testing.assert_array_equal(eager, [float(T.torch_train_step(twin, opt, *T.to_torch(x, y))) for x, y in zip(xs, ys)])
     np.testing.assert_array_equal(B.train_losses(race["floor"], xs, ys), floor_losses)  # the same program
     np.testing.assert_array_equal(B.train_losses(race[B.TORCH_EAGER], xs, ys), eager)  # reset: the same start
     assert race["floor"].first_call > 0 and race[B.TORCH_EAGER].first_call > 0
@@ -135,3 +137,33 @@ def test_jitted_accuracies_match_the_eager_ones():
     twin, state = resnet_eqx.from_nnx(model)
     assert B.eqx_accuracy(twin, state, sp.test_images, sp.test_labels) == resnet_eqx.accuracy(twin, state, sp.test_images,
                                                                                                sp.test_labels)
+
+
+ONEDNN_3_LOG = """onednn_verbose,v1,info,cpu,isa:Intel AVX-512 with Intel DL Boost and bfloat16 support
+onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src:f32::blocked:abcd::f0 dst:f32:p:blocked:Acdb16a::f0,attr-scratchpad:user,,8x1x3x3,0.0039
+onednn_verbose,v1,primitive,exec,cpu,convolution,jit:avx512_core,forward_training,src:f32:a:blocked:abcd::f0 wei:f32:ap:blocked:Acdb16a::f0 bia:undef::undef::: dst:f32:ap:blocked:aBcd16b::f0,attr-scratchpad:user,alg:convolution_direct,mb32_ic1oc8_ih8oh8kh3sh1dh0ph1_iw8ow8kw3sw1dw0pw1,0.019
+onednn_verbose,v1,primitive,exec,cpu,reorder,jit:uni,undef,src:f32:p:blocked:aBcd16b::f0 dst:f32::blocked:abcd::f0,attr-scratchpad:user,,32x8x8x8,0.0068
+onednn_verbose,v1,primitive,exec,cpu,convolution,jit:avx2,backward_weights,src:f32:a:blocked:aBcd8b::f0 wei:f32:ap:blocked:ABcd8b8a::f0 bia:undef::undef::: dst:f32:ap:blocked:aBcd8b::f0,attr-scratchpad:user,alg:convolution_direct,mb32_ic8oc8_ih8oh8kh3sh1dh0ph1_iw8ow8kw3sw1dw0pw1,0.02
+"""
+ONEDNN_2_LOG = """onednn_verbose,exec,cpu,convolution,jit:avx2,forward_training,src_f32::blocked:abcd:f0 wei_f32::blocked:Acdb8a:f0 bia_undef::undef::f0 dst_f32::blocked:aBcd8b:f0,,alg:convolution_direct,mb32_ic1oc8_ih8oh8kh3sh1dh0ph1_iw8ow8kw3sw1dw0pw1,0.02
+onednn_verbose,exec,cpu,reorder,jit:uni,undef,src_f32::blocked:aBcd8b:f0 dst_f32::blocked:abcd:f0,,,32x8x8x8,0.007
+"""
+
+
+def test_parse_onednn_log_reads_kernels_layouts_and_reorders():
+    new = B.parse_onednn_log(ONEDNN_3_LOG)
+    assert new["implementations"] == ["jit:avx2", "jit:avx512_core"] and new["channel_blocks"] == [16, 8]
+    assert new["layouts"] == ["aBcd16b", "aBcd8b", "abcd"] and new["convolutions"] == 2
+    assert (new["activation reorders"], new["weight reorders"]) == (1, 1)
+    old = B.parse_onednn_log(ONEDNN_2_LOG)
+    assert old["implementations"] == ["jit:avx2"] and old["channel_blocks"] == [8] and old["activation reorders"] == 1
+    assert B.parse_onednn_log("no log here")["convolutions"] == 0 and B.parse_onednn_log("")["channel_blocks"] == []
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+def test_onednn_convolutions_reads_one_step_of_the_twin(race, batches, capfd):
+    xs, ys = batches
+    out = B.onednn_convolutions(race[B.TORCH_EAGER], xs[0], ys[0])
+    assert out["isa"] == torch.backends.cpu.get_cpu_capability()
+    assert out["convolutions"] > 6  # six convolutions forward (stem, two per block, one shortcut), more backward
+    assert "onednn_verbose" not in capfd.readouterr().out  # the log went to the file, not to the page

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -382,6 +383,68 @@ def profile_torch(c: Contender, x: Any, y: Any, steps: int = 5) -> dict[str, flo
     return out
 
 
+_ONEDNN_TENSOR = re.compile(r"(diff_src|diff_dst|diff_wei|src|dst|wei)[_:]f32:[^:\s]*:blocked:([A-Za-z0-9]+)")
+_CHANNEL_BLOCK = re.compile(r"^aB[a-z]*(\d+)b$")  # NCHW with C cut into blocks of n: aBcd8b (AVX2), aBcd16b (AVX-512)
+
+
+def parse_onednn_log(text: str) -> dict[str, Any]:
+    """What oneDNN's verbose log (``ONEDNN_VERBOSE=1``, or ``torch.backends.mkldnn.verbose``) says it ran:
+    the convolutions' ``implementations`` (such as ``jit:avx512_core``), their activations' ``layouts``
+    (such as ``aBcd16b``: channels in blocks of 16), the ``channel_blocks`` (those blocks' sizes, largest
+    first; empty where no activation was blocked), and the counts of ``convolutions``, of ``activation
+    reorders`` and of ``weight reorders`` (into a blocked layout or back). Reads the formats of oneDNN 2 and 3."""
+    impls, layouts = set(), set()
+    out: dict[str, Any] = {"convolutions": 0, "activation reorders": 0, "weight reorders": 0}
+    for line in text.splitlines():
+        fields = line.split(",")
+        if not fields[0].endswith("_verbose") or "exec" not in fields or len(fields) < fields.index("exec") + 6:
+            continue
+        i = fields.index("exec")
+        kind, impl, tensors = fields[i + 2], fields[i + 3], dict(_ONEDNN_TENSOR.findall(fields[i + 5]))
+        if kind == "convolution":
+            out["convolutions"] += 1
+            impls.add(impl)
+            layouts.update(tag for name, tag in tensors.items() if not name.endswith("wei"))
+        elif kind == "reorder":
+            blocked = [t for t in tensors.values() if t != t.lower()]  # oneDNN writes a blocked dimension in capitals
+            if any(_CHANNEL_BLOCK.match(t) for t in blocked):
+                out["activation reorders"] += 1
+            elif any(t[0].isupper() for t in blocked):
+                out["weight reorders"] += 1
+    blocks = sorted({int(m.group(1)) for t in layouts if (m := _CHANNEL_BLOCK.match(t))}, reverse=True)
+    return {**out, "implementations": sorted(impls), "layouts": sorted(layouts), "channel_blocks": blocks}
+
+
+def onednn_convolutions(c: Contender, x: Any, y: Any) -> dict[str, Any]:
+    """:func:`parse_onednn_log` of one train step of a PyTorch contender on the batch ``(x, y)`` (NumPy), not
+    its first, with ``isa``: the instruction set PyTorch's CPU kernels use here
+    (``torch.backends.cpu.get_cpu_capability()``). oneDNN prints its log to the process's standard output,
+    which is redirected to a file for the step. ``c`` is reset after."""
+    import ctypes
+    import sys
+    import tempfile
+
+    import torch
+
+    bx, by = c.batch(x, y)
+    c.run(bx, by)
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 1)
+        try:
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                c.run(bx, by)
+        finally:
+            ctypes.CDLL(None).fflush(None)  # oneDNN writes with C's stdio: empty its buffer into the file
+            os.dup2(saved, 1)
+            os.close(saved)
+        log.seek(0)
+        text = log.read().decode(errors="replace")
+    c.reset()
+    return {"isa": torch.backends.cpu.get_cpu_capability(), **parse_onednn_log(text)}
+
+
 def profile_jax(c: Contender, x: Any, y: Any, steps: int = 5) -> dict[str, float]:
     """Milliseconds per step of a JAX contender's operations by kind, from a ``jax.profiler`` trace of
     ``steps`` steps on the batch ``(x, y)`` (NumPy), read with ``fastjax.tools.profiling``: convolutions
@@ -390,7 +453,6 @@ def profile_jax(c: Contender, x: Any, y: Any, steps: int = 5) -> dict[str, float
     the gradient), "other fusions" (BatchNorm, ReLU, sums, layout copies and the patches'), "ops, summed" (XLA runs
     some at once on its threads, so this can exceed the step), and "step, traced" (wall time per step).
     Only contenders with a jitted step on a flat state (the floors) can be profiled this way."""
-    import re
     import tempfile
 
     if "jitted" not in c.extra:
