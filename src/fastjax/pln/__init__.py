@@ -196,6 +196,20 @@ def profiled_elbo(m: Any, s: Any, data: PlnData, xp: Any = None) -> Any:
     return -0.5 * m.shape[0] * logdet + poisson_part(m, s, data, xp)
 
 
+def elbo_condition(m: Any, s: Any, data: PlnData) -> float:
+    """How much the profiled ELBO's terms cancel: the sum of their magnitudes over the ELBO's, in float64
+    (NumPy). Any order of adding N terms is off by at most (N − 1)·u times the sum of their magnitudes
+    (Higham, *Accuracy and Stability of Numerical Algorithms*, §4.2), so two evaluations of the ELBO in a
+    precision with unit roundoff u differ by at most about 2·N·u·``elbo_condition`` relative to it."""
+    m, s = np.asarray(m, np.float64), np.asarray(s, np.float64)
+    counts, offsets = np.asarray(data.counts, np.float64), np.asarray(data.offsets, np.float64)
+    om = offsets + m
+    sigma = closed_form_covariance(np.asarray(data.covariates, np.float64), m, s, np)
+    magnitude = (np.sum(np.abs(counts * om)) + np.sum(np.exp(om + 0.5 * s * s)) + 0.5 * np.sum(np.abs(np.log(s * s)))
+                 + abs(float(data.log_factorial)) + 0.5 * m.shape[0] * abs(np.linalg.slogdet(sigma)[1]))
+    return float(magnitude / abs(profiled_elbo(m, s, data, np)))
+
+
 def elbo(m: Any, s: Any, coef: Any, covariance: Any, data: PlnData, xp: Any = None) -> Any:
     """Full ELBO at any B (d×p) and Σ (p×p), with ``Ω = Σ⁻¹`` through a Cholesky factor and the
     ``np/2`` constant kept, so that it equals ``profiled_elbo`` when B and Σ are in closed form."""

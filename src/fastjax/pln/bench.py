@@ -184,6 +184,23 @@ def fit_pyplnmodels(data: pln.PlnData, dtype: str = "float32", maxiter: int = pl
     return model, seconds, elbos, np.asarray(model._time_recorder.running_times)
 
 
+def pyplnmodels_elbo64(model: Any, data: pln.PlnData) -> float:
+    """pyPLNmodels' own profiled-ELBO formula (``pyPLNmodels.calculations.elbos.profiled_elbo_pln``, which
+    ``Pln.compute_elbo`` calls) evaluated in float64 at a fitted model's latent parameters, on ``data`` (the
+    counts, offsets and covariates the model was fitted to, at full precision). Beside the book's own
+    formula in float64, the two differ by float64 rounding only: pyPLNmodels' float32 ELBO differs by
+    float32 rounding, which depends on how torch orders its sums on this CPU."""
+    import torch
+    from pyPLNmodels.calculations.elbos import profiled_elbo_pln
+
+    as64 = lambda a: torch.as_tensor(np.asarray(a, np.float64))  # noqa: E731
+    with torch.no_grad():
+        return float(profiled_elbo_pln(endog=as64(data.counts), exog=as64(data.covariates),
+                                       offsets=as64(data.offsets),
+                                       latent_mean=as64(model._latent_mean.detach().numpy()),
+                                       latent_sqrt_variance=as64(model._latent_sqrt_variance.detach().numpy())))
+
+
 def first_reaching(elbos: np.ndarray, target: float, gap: float = TARGET_GAP) -> int | None:
     """Index of the first ELBO within ``gap`` (relative) of ``target``, or None."""
     hit = np.flatnonzero(np.asarray(elbos) >= target - gap * abs(target))

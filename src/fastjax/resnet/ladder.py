@@ -79,14 +79,35 @@ ADAM_B1 = 0.9  # optax.adam's default first-moment decay, which R.TX uses (tests
 BATCH_STATS = (".mean", ".var")
 
 
-# Losses of two float32 programs that round differently, from the same weights. The first loss is one
-# forward pass on identical weights: each program is κ·u32 off, so two differ by at most 2·κ·u32 with the
-# κ above (a gradient passes through the network twice, the loss once): FIRST_LOSS_RTOL = 1.2e-4. Every
-# Adam step then amplifies the difference (see above): measured at full size after 10 steps, 6.7e-3
-# relative for the Equinox twin (NCHW) and 3.5e-4 for the rolled scan, against 1e-6 or less in the quick
-# size. No rounding argument bounds that growth, so LOSS_RTOL = 2e-2 is not derived: it catches a float32
-# step that stops training or trains another network; the float64 checks above catch everything else.
-FIRST_LOSS_RTOL, LOSS_RTOL = 2 * ROUNDING_GROWTH * U32, 2e-2
+# One forward pass of two float32 programs from identical weights (the logits, a batch's statistics, the
+# first loss): each program is κ·u32 off the exact result, so two differ by at most 2·κ·u32 with the κ
+# above (a gradient passes through the network twice, a forward pass once): FORWARD_RTOL_F32 = 1.2e-4,
+# in the norm of each array (assert_same_forward) and for the first loss. Every Adam step then amplifies
+# the difference (see above): measured at full size after 10 steps, 6.7e-3 relative for the Equinox twin
+# (NCHW) and 3.5e-4 for the rolled scan, against 1e-6 or less in the quick size. No rounding argument
+# bounds that growth, so LOSS_RTOL = 2e-2 is not derived: it catches a float32 step that stops training
+# or trains another network; the float64 checks above catch everything else.
+FORWARD_RTOL_F32 = 2 * ROUNDING_GROWTH * U32
+FIRST_LOSS_RTOL, LOSS_RTOL = FORWARD_RTOL_F32, 2e-2
+
+
+def assert_same_forward(ours: Any, ref: Any, what: str = "") -> float:
+    """Assert that two float32 programs' results of one forward pass from the same weights (arrays, or
+    dicts of arrays such as running statistics) agree: each array within ``FORWARD_RTOL_F32`` of the
+    reference in the 2-norm. Return the largest relative difference."""
+    ours = ours if isinstance(ours, dict) else {"": ours}
+    ref = ref if isinstance(ref, dict) else {"": ref}
+    _same_keys(ours, ref, what)
+    worst = 0.0
+    for k in ref:
+        a, b = np.asarray(ours[k], np.float64), np.asarray(ref[k], np.float64)
+        if a.shape != b.shape:
+            raise AssertionError(f"{what} {k}: shape {a.shape} against {b.shape}")
+        gap = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), np.finfo(np.float64).tiny))
+        if not gap <= FORWARD_RTOL_F32:  # also fails on NaN
+            raise AssertionError(f"{what} {k}: differs by {gap:.2e} of its norm (allowed {FORWARD_RTOL_F32:.1e})")
+        worst = max(worst, gap)
+    return worst
 
 
 def assert_same_losses(ours: np.ndarray, ref: np.ndarray, what: str = "") -> float:
