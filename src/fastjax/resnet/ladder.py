@@ -97,17 +97,11 @@ def assert_same_forward(ours: Any, ref: Any, what: str = "") -> float:
     reference in the 2-norm. Return the largest relative difference."""
     ours = ours if isinstance(ours, dict) else {"": ours}
     ref = ref if isinstance(ref, dict) else {"": ref}
-    _same_keys(ours, ref, what)
-    worst = 0.0
-    for k in ref:
-        a, b = np.asarray(ours[k], np.float64), np.asarray(ref[k], np.float64)
-        if a.shape != b.shape:
-            raise AssertionError(f"{what} {k}: shape {a.shape} against {b.shape}")
-        gap = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), np.finfo(np.float64).tiny))
+    gaps = _norm_gaps(ours, ref, what)
+    for k, gap in gaps.items():
         if not gap <= FORWARD_RTOL_F32:  # also fails on NaN
             raise AssertionError(f"{what} {k}: differs by {gap:.2e} of its norm (allowed {FORWARD_RTOL_F32:.1e})")
-        worst = max(worst, gap)
-    return worst
+    return max(gaps.values())
 
 
 def assert_same_losses(ours: np.ndarray, ref: np.ndarray, what: str = "") -> float:
@@ -126,6 +120,19 @@ def _same_keys(ours: dict, ref: dict, what: str) -> None:
         raise AssertionError(f"{what}: different arrays: {sorted(set(ours) ^ set(ref))}")
 
 
+def _norm_gaps(ours: dict, ref: dict, what: str) -> dict[str, float]:
+    """``‖ours[k] − ref[k]‖ / ‖ref[k]‖`` (2-norm, in float64) for every array of two dicts with the same keys
+    and shapes (an AssertionError where they differ)."""
+    _same_keys(ours, ref, what)
+    gaps = {}
+    for k in ref:
+        a, b = np.asarray(ours[k], np.float64), np.asarray(ref[k], np.float64)
+        if a.shape != b.shape:
+            raise AssertionError(f"{what}: {k} has shape {a.shape} against {b.shape}")
+        gaps[k] = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), np.finfo(np.float64).tiny))
+    return gaps
+
+
 def _refuse_float32(ours: dict, ref: dict, what: str, check: str) -> None:
     low = sorted(k for d in (ours, ref) for k in d if np.asarray(d[k]).dtype != np.float64)
     if low:
@@ -139,28 +146,20 @@ def assert_same_gradients(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray
     rtol·‖ref‖``, with ``rtol`` = ``GRAD_RTOL_F64`` where both are float64 (runs built with
     ``float64=True``, or :func:`float64_first_gradient`) and ``GRAD_RTOL_F32`` otherwise (both derived in
     the comment above them). Return the largest such relative difference."""
-    _same_keys(ours, ref, what)
+    gaps = _norm_gaps(ours, ref, what)
     f64 = all(np.asarray(d[k]).dtype == np.float64 for d in (ours, ref) for k in d)
     rtol = GRAD_RTOL_F64 if f64 else GRAD_RTOL_F32
-    worst = 0.0
-    for k in ref:
-        a, b = np.asarray(ours[k], np.float64), np.asarray(ref[k], np.float64)
-        if a.shape != b.shape:
-            raise AssertionError(f"{what}: {k} has shape {a.shape} against {b.shape}")
-        gap = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), np.finfo(np.float64).tiny))
+    for k, gap in gaps.items():
         if not gap <= rtol:  # also fails on NaN
             raise AssertionError(f"{what}: gradient of {k} differs by {gap:.2e} of its norm "
                                  f"(allowed {rtol:.1e} in {'float64' if f64 else 'float32'})")
-        worst = max(worst, gap)
-    return worst
+    return max(gaps.values())
 
 
 def gradient_gap(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> float:
     """The largest ``‖ours − ref‖ / ‖ref‖`` over the arrays of two gradients, in any precision: a
     measurement (of float32 rounding, say), not a check."""
-    _same_keys(ours, ref, "gradient_gap")
-    return max(float(np.linalg.norm(np.asarray(ours[k], np.float64) - np.asarray(ref[k], np.float64))
-                     / max(np.linalg.norm(np.asarray(ref[k], np.float64)), np.finfo(np.float64).tiny)) for k in ref)
+    return max(_norm_gaps(ours, ref, "gradient_gap").values())
 
 
 def assert_same_weights(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray], what: str = "") -> float:
