@@ -113,16 +113,19 @@ SCRIPT = textwrap.dedent('''
 
 # XLA:CPU (jaxlib 0.10.2) sometimes aborts a process whose eight simulated devices do not all reach an
 # all-reduce within 40 s ("Expected 8 threads to join the rendezvous"), when other processes keep a 2-core
-# machine busy (seen in 1 of 3 such processes run side by side; also with synchronous CPU dispatch). Not
-# the checks' fault: such an abort, and only it, gets one more process.
+# machine busy (seen in 1 of 3 such processes run side by side; also with synchronous CPU dispatch; and in
+# two processes in a row while a chapter ran beside the suite). The whole script takes under 10 s on a quiet
+# machine, so the missing devices are stuck, not slow: cause not found. Not the checks' fault: such an
+# abort, and only it, gets up to two more processes.
 RENDEZVOUS_ABORT = "threads to join the rendezvous"
 
 
 @pytest.fixture(scope="module")
 def results():
-    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=400)
-    if done.returncode != 0 and RENDEZVOUS_ABORT in done.stderr:
+    for _ in range(3):
         done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=400)
+        if done.returncode == 0 or RENDEZVOUS_ABORT not in done.stderr:
+            break
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         pytest.fail(f"the checks' process failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
