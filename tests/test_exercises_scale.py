@@ -111,12 +111,12 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-# XLA:CPU (jaxlib 0.10.2) sometimes aborts a process whose eight simulated devices do not all reach an
-# all-reduce within 40 s ("Expected 8 threads to join the rendezvous"), when other processes keep a 2-core
-# machine busy (seen in 1 of 3 such processes run side by side; also with synchronous CPU dispatch; and in
-# two processes in a row while a chapter ran beside the suite). The whole script takes under 10 s on a quiet
-# machine, so the missing devices are stuck, not slow: cause not found. Not the checks' fault: such an
-# abort, and only it, gets up to two more processes.
+# XLA:CPU aborts a process whose eight simulated devices do not all reach an all-reduce within 40 s
+# ("Expected 8 threads to join the rendezvous"). XLA's CPU client makes max(cores, devices) threads, 8 on
+# a 2-core machine, and the abort came with exactly that many: 3 of 3 processes in one CI run, 1 of 8
+# quiet processes here, 2 of 9 with two busy processes beside. sharding.use_cpu_devices now asks for
+# twice as many (PJRT_NPROC): 14 of 14 passed with the busy processes beside. Which tasks held the other
+# threads was not found, so such an abort, and only it, still gets up to two more processes.
 RENDEZVOUS_ABORT = "threads to join the rendezvous"
 
 

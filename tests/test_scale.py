@@ -208,6 +208,31 @@ def test_use_cpu_devices_before_the_backend_gives_that_many_devices():
     assert out.stdout.split() == ["4", "4", "4"]
 
 
+THREADS = """
+    import os
+    import fastjax
+    from fastjax.scale import sharding
+    sharding.use_cpu_devices(4)
+    import jax
+    jax.numpy.ones(3).block_until_ready()
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    print(os.environ["PJRT_NPROC"], names.count("tf_XLAEigen"))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="counts threads by name under /proc (Linux)")
+@pytest.mark.parametrize("preset, expected", [(None, ["8", "8"]), ("5", ["5", "5"])])
+def test_use_cpu_devices_gives_xla_two_threads_per_device_unless_told_otherwise(monkeypatch, preset, expected):
+    # one thread per device let an all-reduce wait forever (tests/test_exercises_scale.py); a PJRT_NPROC
+    # the user set is kept. XLA makes max(PJRT_NPROC, devices) threads in its pool, named tf_XLAEigen.
+    monkeypatch.delenv("PJRT_NPROC", raising=False)
+    if preset:
+        monkeypatch.setenv("PJRT_NPROC", preset)
+    out = run_python(THREADS)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-2:] == expected
+
+
 @pytest.mark.parametrize("n", [sharding.MAX_CPU_DEVICES + 1, 10**6])
 def test_use_cpu_devices_refuses_more_than_its_maximum(n):
     with pytest.raises(ValueError, match=rf"must be at most {sharding.MAX_CPU_DEVICES}; got {n:,}"):
