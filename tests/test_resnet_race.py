@@ -47,6 +47,24 @@ def test_contenders_train_the_same_and_restart(race, batches, floor_losses):
     assert race["floor"].first_call > 0 and race[B.TORCH_EAGER].first_call > 0
 
 
+@pytest.mark.parametrize("name", B.TORCH_EAGER_NAMES)
+def test_each_pytorch_way_trains_as_the_floor_in_float64(name):
+    # the tuned way (channels_last, fused Adam) passes the same float64 check as the twin first written
+    gaps = B.check_torch_way(name, CONFIG, BATCH)
+    assert set(gaps) == {"logits", "first gradient", "weights", "running means", "running variances"}
+
+
+def test_the_tuned_contender_runs_channels_last_with_fused_adam(batches):
+    xs, ys = batches
+    c = B.contenders((B.TORCH_TUNED,), CONFIG)[B.TORCH_TUNED]
+    losses = B.train_losses(c, xs, ys)
+    model, opt = c.extra["model"], c.extra["optimizer"]()
+    assert model.stem.weight.is_contiguous(memory_format=torch.channels_last)
+    assert opt.defaults["fused"] is True and np.all(np.isfinite(losses))
+    with pytest.raises(ValueError, match="unknown PyTorch contender"):
+        B.torch_way("PyTorch fast")
+
+
 def test_race_step_times_every_contender_and_reports_threads(race):
     out = B.race_step(race, BATCH, repeats=2)
     assert set(out["timings"]) == set(race) and out["failed"] == {}
@@ -110,13 +128,14 @@ def test_race_ratios_reads_the_issues_figures():
     from fastjax.tools.timing import Timing
 
     t = {B.TORCH_EAGER: Timing(B.TORCH_EAGER, [4e-3] * 3), "torch.compile": Timing("torch.compile", [3e-3] * 3),
-         "nnx.jit": Timing("nnx.jit", [5e-3] * 3), "floor": Timing("floor", [2e-3] * 3)}
+         B.TORCH_TUNED: Timing(B.TORCH_TUNED, [2.5e-3] * 3), "nnx.jit": Timing("nnx.jit", [5e-3] * 3), "floor": Timing("floor", [2e-3] * 3)}
     runs = {B.TORCH_EAGER: {"run_seconds": [4.0, 4.0], "compile_seconds": 0.0},
             "floor": {"run_seconds": [2.0, 2.0], "compile_seconds": 2.0, "x_eager_run_compile_included": {"median": 1.0}}}
     result = {"step": {"timings": t}, "best_jax": "floor", "run": {"steps": 600, "contenders": runs},
               "cached_first_call": {"warm_cache_seconds": 0.002}, "sweep": {"widths": [2], "x_eager": {"floor": [3.0]}}}
     r = B.race_ratios(result)
     assert r["floor / PyTorch eager, per step"] == 2.0 and r["floor / torch.compile, per step"] == 1.5
+    assert r["floor / PyTorch tuned (the fastest PyTorch contender), per step"] == 1.25
     assert r["floor / PyTorch eager, 600-step run, compile included"] == 1.0
     assert r["floor / PyTorch eager, 600-step run, compile from the persistent cache"] == 2.0  # warm: no compile left
     assert r["nnx.jit / PyTorch eager, per step"] == 0.8 and r["floor / PyTorch eager, per step, width 2"] == 3.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 
 import numpy as np
 import optax
@@ -90,7 +91,8 @@ def scaled_gradient_step(model, optimizer, images, labels):
 @pytest.mark.parametrize("mistake, fails_on", [
     ("one BatchNorm in eval mode", "the logits"), ("no ReLU in a block", "the logits"),
     ("Flax's momentum", "the running means"), ("a gradient 1 % too large", "the first gradient"),
-    ("Adam's eps twice as large", "the weights")])
+    ("Adam's eps twice as large", "the weights"), ("Adam's eps 1e-6", "the weights"),
+    ("amsgrad", "the weights"), ("betas (0.9, 0.99)", "the weights")])
 def test_a_wrong_twin_fails_the_check(weights, batches, reference, mistake, fails_on):
     model, kwargs = T.from_weights(weights, CONFIG), {}
     if mistake == "one BatchNorm in eval mode":
@@ -104,9 +106,11 @@ def test_a_wrong_twin_fails_the_check(weights, batches, reference, mistake, fail
                 m.momentum = 0.9
     elif mistake == "a gradient 1 % too large":
         kwargs["step"] = scaled_gradient_step
-    else:
-        kwargs["make_optimizer"] = lambda p: torch.optim.Adam(p, lr=R.LEARNING_RATE, eps=2 * T.ADAM_EPS)
-    with pytest.raises(T.NotTheSameTraining, match=f"{mistake}: {fails_on}.*float64 rounding allows"):
+    else:  # a wrong Adam: each measured 1e5 to 1e8 times above what rounding allows (issue 36's four slips)
+        adam = {"Adam's eps twice as large": dict(eps=2 * T.ADAM_EPS), "Adam's eps 1e-6": dict(eps=1e-6),
+                "amsgrad": dict(amsgrad=True), "betas (0.9, 0.99)": dict(betas=(0.9, 0.99))}[mistake]
+        kwargs["make_optimizer"] = lambda p: torch.optim.Adam(p, lr=R.LEARNING_RATE, **adam)
+    with pytest.raises(T.NotTheSameTraining, match=f"{re.escape(mistake)}: {fails_on}.*float64 rounding allows"):
         T.check_same_training(twin_run(weights, batches, model, **kwargs), reference, CONFIG, BATCH, what=mistake)
 
 

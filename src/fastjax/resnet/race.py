@@ -30,7 +30,11 @@ from fastjax.resnet.ladder import settings, training_batches
 from fastjax.resnet.resnet_nnx import ResNetConfig
 from fastjax.tools import profiling
 from fastjax.tools.timing import Timing, block, time_interleaved
-TORCH_EAGER = "PyTorch eager"
+TORCH_EAGER = "PyTorch eager"  # the twin as chapters/resnet/08-pytorch.md first writes it: NCHW, default Adam
+# The twin as a PyTorch engineer tunes it for a CPU: model and input in channels_last (oneDNN then needs no
+# reorder of the activations around each convolution) and Adam(fused=True) (one kernel updates every tensor).
+TORCH_TUNED = "PyTorch tuned"
+TORCH_EAGER_NAMES = (TORCH_EAGER, TORCH_TUNED)
 TORCH_RACE_SAVED_AS = "resnet-torch"  # the part name its chapter saves the race under (fastjax.bench.save_part)
 RACE_JAX = ("nnx.jit", "eqx.filter_jit", "floor", FASTER_FLOOR)
 
@@ -153,33 +157,71 @@ def _jax_contender(name: str, config: ResNetConfig, seed: int) -> Contender:
                      extra={"jitted": step, "leaves": lambda: box["leaves"]})
 
 
-def _torch_contender(config: ResNetConfig, seed: int, mode: str | None) -> Contender:
-    """PyTorch eager (``mode=None``) or ``torch.compile(model, mode=...)`` of the twin, with torch's Adam."""
+def torch_way(name: str) -> tuple[Callable, Callable, Callable]:
+    """How the PyTorch contender ``name`` (of ``TORCH_EAGER_NAMES``) trains the twin: ``prepare(model)`` (in
+    place: the memory format), ``make_optimizer(parameters)``, ``step(model, optimizer, images, labels)`` (NCHW
+    images in; it puts them in the model's format). The race and :func:`check_torch_way` both use these."""
+    import torch
+
+    from fastjax.resnet import torch_twin as T
+
+    if name not in TORCH_EAGER_NAMES:
+        raise ValueError(f"unknown PyTorch contender {name!r}; choose from {TORCH_EAGER_NAMES}")
+    if name == TORCH_EAGER:
+        return (lambda model: model), (lambda p: torch.optim.Adam(p, lr=R.LEARNING_RATE)), T.torch_train_step
+    last = torch.channels_last
+
+    def step(model: Any, optimizer: Any, images: Any, labels: Any) -> Any:
+        return T.torch_train_step(model, optimizer, images.contiguous(memory_format=last), labels)
+
+    return (lambda model: model.to(memory_format=last)), (lambda p: torch.optim.Adam(p, lr=R.LEARNING_RATE, fused=True)), step
+
+
+def check_torch_way(name: str, config: ResNetConfig, batch: int, ref64: Any = None, seed: int = 0) -> dict[str, Any]:
+    """Raise ``torch_twin.NotTheSameTraining`` unless the PyTorch contender ``name``, run in float64 its own
+    way (:func:`torch_way`) for ``torch_twin.CHECK_STEPS`` steps, trains as Part II's floor does in float64
+    (``ref64``: ``torch_twin.jax_float64_run``, made here when None) within what rounding allows; return
+    ``check_same_training``'s gaps."""
+    from fastjax.resnet import torch_twin as T
+
+    xs, ys = training_batches(T.CHECK_STEPS, batch)
+    ref64 = ref64 if ref64 is not None else T.jax_float64_run(config, xs, ys, seed)
+    prepare, make_optimizer, step = torch_way(name)
+    model = prepare(T.from_weights(resnet_nnx.weights(resnet_nnx.make_model(config, seed)), config))
+    run = T.torch_float64_run(model, xs, ys, make_optimizer=make_optimizer, step=step)
+    return T.check_same_training(run, ref64, config, batch, what=name)
+
+
+def _torch_contender(config: ResNetConfig, seed: int, mode: str | None, name: str = TORCH_EAGER) -> Contender:
+    """A PyTorch contender: ``name`` (of ``TORCH_EAGER_NAMES``) eager when ``mode`` is None, else
+    ``torch.compile(model, mode=...)`` of the twin as first written (the model compiled, Adam eager)."""
     import torch
 
     from fastjax.resnet import torch_twin as T
 
     w = resnet_nnx.weights(resnet_nnx.make_model(config, seed))
-    model = T.from_weights(w, config)
+    prepare, make_optimizer, step = torch_way(name)
+    model = prepare(T.from_weights(w, config))
     net = model if mode is None else torch.compile(model, mode=None if mode == "default" else mode)
     box: dict[str, Any] = {}
 
     def reset() -> None:  # the same Parameter objects get the first weights back: no new compilation
         model.load_state_dict(T.from_weights(w, config).state_dict())
-        box["opt"] = torch.optim.Adam(model.parameters(), lr=R.LEARNING_RATE)
+        box["opt"] = make_optimizer(model.parameters())
 
-    return Contender(TORCH_EAGER if mode is None else torch_name(mode), reset,
-                     lambda x, y: T.torch_train_step(net, box["opt"], x, y), T.to_torch,
+    return Contender(name if mode is None else torch_name(mode), reset,
+                     lambda x, y: step(net, box["opt"], x, y), T.to_torch,
                      lambda i, l: T.torch_accuracy(model, i, l), extra={"model": net, "optimizer": lambda: box["opt"]})
 
 
 def contenders(names: tuple[str, ...], config: ResNetConfig, seed: int = 0,
                torch_modes: tuple[str, ...] = ()) -> dict[str, Contender]:
-    """The JAX contenders ``names`` (of ``RACE_JAX``, and ``TORCH_EAGER``), and one ``torch.compile``
+    """The contenders ``names`` (of ``RACE_JAX`` and ``TORCH_EAGER_NAMES``), and one ``torch.compile``
     contender per mode in ``torch_modes``, all from the weights of ``resnet_nnx.make_model(config, seed)``."""
     out = {}
     for name in names:
-        out[name] = _torch_contender(config, seed, None) if name == TORCH_EAGER else _jax_contender(name, config, seed)
+        out[name] = (_torch_contender(config, seed, None, name) if name in TORCH_EAGER_NAMES
+                     else _jax_contender(name, config, seed))
     for mode in torch_modes:
         c = _torch_contender(config, seed, mode)
         out[c.name] = c
@@ -541,7 +583,7 @@ def race(config: ResNetConfig | None = None) -> dict[str, Any]:
 
     s, r = settings(), race_settings()
     config = config or s.config
-    race_ = contenders((TORCH_EAGER, *RACE_JAX), config, torch_modes=r.torch_modes)
+    race_ = contenders((*TORCH_EAGER_NAMES, *RACE_JAX), config, torch_modes=r.torch_modes)
     step = race_step(race_, s.batch, r.repeats)
     run = race_run(race_, s.batch, r.run_steps, r.every, r.target, r.rounds, step["compile"])
     best = min((n for n in RACE_JAX if n in step["timings"]), key=lambda n: step["timings"][n].median)
@@ -551,9 +593,14 @@ def race(config: ResNetConfig | None = None) -> dict[str, Any]:
             "cached_first_call": cached, "sweep": sweep}
 
 
+def fastest_torch(timings: dict[str, Timing]) -> str:
+    """The PyTorch contender (eager as first written, tuned, or compiled) with the shortest median step."""
+    return min((n for n in timings if n not in RACE_JAX), key=lambda n: timings[n].median)
+
+
 def race_ratios(result: dict[str, Any]) -> dict[str, float]:
-    """The ratios issue 29 asks for, from a :func:`race` result (medians; > 1: the JAX step is faster): the
-    fastest JAX step against PyTorch eager and the fastest ``torch.compile`` per step; against eager over
+    """The ratios of the race, from a :func:`race` result (medians; > 1: the JAX step is faster): the
+    fastest JAX step against the fastest PyTorch contender, PyTorch eager and the fastest ``torch.compile`` per step; against eager over
     the training run with compilation included, compiling and with the persistent cache; ``nnx.jit``
     against eager per step; and the fastest JAX step against eager at each width of the sweep."""
     t, best = result["step"]["timings"], result["best_jax"]
@@ -562,7 +609,9 @@ def race_ratios(result: dict[str, Any]) -> dict[str, float]:
     runs = result["run"]["contenders"]
     warm = max(result["cached_first_call"]["warm_cache_seconds"] - t[best].median, 0.0)
     e = runs[TORCH_EAGER]
-    out = {f"{best} / PyTorch eager, per step": eager / t[best].median}
+    best_torch = fastest_torch(t)
+    out = {f"{best} / {best_torch} (the fastest PyTorch contender), per step": t[best_torch].median / t[best].median,
+           f"{best} / PyTorch eager, per step": eager / t[best].median}
     if compiled:
         fastest_compiled = min(compiled, key=lambda n: t[n].median)
         out[f"{best} / {fastest_compiled}, per step"] = t[fastest_compiled].median / t[best].median
