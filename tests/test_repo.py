@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import shutil
@@ -196,3 +197,41 @@ def test_the_bare_assert_finder_finds_one(tmp_path, monkeypatch):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "m.py").write_text("def f(x):\n    '''assert in a docstring is text'''\n    assert x > 0, 'no'\n")
     assert bare_asserts(tmp_path / "pkg") == ["pkg/m.py:3"]
+
+
+def fastjax_imports() -> dict[str, set[str]]:
+    """Every module of src/fastjax and the fastjax modules it imports, at the top or inside a function."""
+    src = ROOT / "src"
+    files = {".".join(f.relative_to(src).with_suffix("").parts).removesuffix(".__init__"): f
+             for f in src.rglob("*.py")}
+    graph = {}
+    for name, f in files.items():
+        package = name if f.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name in files}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                for a in node.names:
+                    found.add(f"{base}.{a.name}" if f"{base}.{a.name}" in files else base)
+        graph[name] = {m for m in found if m in files and m not in (name, "fastjax")}
+    return graph
+
+
+def test_no_two_fastjax_modules_import_each_other():
+    # a lower module importing a higher one (fastjax.resnet.race once took to_plain from fastjax.bench, which
+    # imports race) breaks as soon as one of them is imported first at the top; follow every path of imports
+    graph = fastjax_imports()
+    assert "fastjax.resnet.race" in graph["fastjax.bench"]  # the finder sees imports inside functions
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            assert m != start, f"{start} imports itself back through the modules it imports"
+            if m not in seen:
+                seen.add(m)
+                todo.extend(graph[m])

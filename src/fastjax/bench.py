@@ -21,6 +21,7 @@ from typing import Any
 import fastjax  # noqa: F401  (the CPU workaround, before JAX starts)
 from fastjax import sizes
 from fastjax.tools import timing
+from fastjax.tools.timing import from_plain, to_plain
 
 PARTS = ("pln", "resnet")
 
@@ -92,32 +93,6 @@ def load_part(part: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
 def run(parts: tuple[str, ...] = PARTS) -> dict[str, Any]:
     """Measure the ladders of ``parts`` in this process, one after the other; return plain data and Timings."""
     return {"stamp": timing.stamp(), "parts": {part: measure_part(part) for part in parts}}
-
-
-def to_plain(results: dict[str, Any]) -> dict[str, Any]:
-    """The results of ``run`` as JSON-ready data: Timings become dicts with their medians."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, timing.Timing):
-            return value.as_dict()
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        return value
-
-    return plain(results)
-
-
-def from_plain(value: Any) -> Any:
-    """Undo ``to_plain``: dicts written by ``Timing.as_dict`` become Timings again."""
-    if isinstance(value, dict):
-        if {"name", "seconds", "median"} <= value.keys():
-            return timing.Timing.from_dict(value)
-        return {k: from_plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [from_plain(v) for v in value]
-    return value
 
 
 def summary(results: dict[str, Any]) -> str:

@@ -644,13 +644,12 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit("--first-call needs --cache-dir, --config and --batch")
         print(json.dumps(_first_call_here(args.first_call, *args.config, args.batch, args.cache_dir)))
         return
-    from fastjax import bench
     from fastjax.tools import timing
 
     result = race()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(bench.to_plain({"stamp": timing.stamp(), "result": result}), indent=2, default=float))
+        args.out.write_text(json.dumps(timing.to_plain({"stamp": timing.stamp(), "result": result}), indent=2, default=float))
         print(f"wrote {args.out}")
     t = result["step"]["timings"]
     print(timing.format_table([{"per train step": n, "ms": v.median * 1e3, "q1": v.q1 * 1e3, "q3": v.q3 * 1e3,

@@ -435,3 +435,29 @@ def format_table(rows: Sequence[dict[str, Any]], digits: int = 3) -> str:
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
     note = getattr(rows, "note", "")
     return "\n".join(lines + (["", note] if note else []))
+
+
+def to_plain(results: dict[str, Any]) -> dict[str, Any]:
+    """Results (of ``fastjax.bench.run``, a race, ...) as JSON-ready data: Timings become dicts with their medians."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, Timing):
+            return value.as_dict()
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    return plain(results)
+
+
+def from_plain(value: Any) -> Any:
+    """Undo ``to_plain``: dicts written by ``Timing.as_dict`` become Timings again."""
+    if isinstance(value, dict):
+        if {"name", "seconds", "median"} <= value.keys():
+            return Timing.from_dict(value)
+        return {k: from_plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_plain(v) for v in value]
+    return value
