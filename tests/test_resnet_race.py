@@ -54,6 +54,14 @@ def test_each_pytorch_way_trains_as_the_floor_in_float64(name):
     assert set(gaps) == {"logits", "first gradient", "weights", "running means", "running variances"}
 
 
+def test_the_whole_step_under_torch_compile_trains_as_the_floor_in_float64():
+    # the full race's torch.compile of the tuned step, Adam included (its first call compiles: seconds)
+    name = B.WHOLE_STEP["default"]
+    assert set(B.race_settings().whole_step) <= set(B.TORCH_WAYS)
+    gaps = B.check_torch_way(name, ResNetConfig(width=2, stages=1, blocks=1), 8)
+    assert set(gaps) == {"logits", "first gradient", "weights", "running means", "running variances"}
+
+
 def test_the_tuned_contender_runs_channels_last_with_fused_adam(batches):
     xs, ys = batches
     c = B.contenders((B.TORCH_TUNED,), CONFIG)[B.TORCH_TUNED]
@@ -63,6 +71,13 @@ def test_the_tuned_contender_runs_channels_last_with_fused_adam(batches):
     assert opt.defaults["fused"] is True and np.all(np.isfinite(losses))
     with pytest.raises(ValueError, match="unknown PyTorch contender"):
         B.torch_way("PyTorch fast")
+
+
+def test_waited_each_step_times_both_ways_and_restarts(race, batches, floor_losses):
+    out = B.waited_each_step(race, ("floor",), BATCH, repeats=2)
+    assert set(out) == {"floor"} and out["floor"]["async"].median > 0 and out["floor"]["each"].median > 0
+    xs, ys = batches
+    np.testing.assert_array_equal(B.train_losses(race["floor"], xs, ys), floor_losses)  # reset afterwards
 
 
 def test_race_step_times_every_contender_and_reports_threads(race):

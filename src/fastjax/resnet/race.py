@@ -34,6 +34,11 @@ TORCH_EAGER = "PyTorch eager"  # the twin as chapters/resnet/08-pytorch.md first
 # The twin as a PyTorch engineer tunes it for a CPU: model and input in channels_last (oneDNN then needs no
 # reorder of the activations around each convolution) and Adam(fused=True) (one kernel updates every tensor).
 TORCH_TUNED = "PyTorch tuned"
+# The tuned twin's whole train step (forward, backward, Adam's step) under torch.compile, per mode; the
+# torch.compile contenders of torch_modes compile the model only and keep Adam eager.
+WHOLE_STEP = {"default": "torch.compile, whole tuned step",
+              "max-autotune-no-cudagraphs": "torch.compile, whole tuned step (max-autotune-no-cudagraphs)"}
+TORCH_WAYS = (TORCH_EAGER, TORCH_TUNED, *WHOLE_STEP.values())  # the ways torch_way knows
 TORCH_EAGER_NAMES = (TORCH_EAGER, TORCH_TUNED)
 TORCH_RACE_SAVED_AS = "resnet-torch"  # the part name its chapter saves the race under (fastjax.bench.save_part)
 RACE_JAX = ("nnx.jit", "eqx.filter_jit", "floor", FASTER_FLOOR)
@@ -47,10 +52,10 @@ def race_settings() -> Any:
     after about 85 of its 100 steps; the full one 94 % after 20, 98 % after 60 of its 600. The quick sweep
     leaves Part V's floor out: with one stage it has no image small enough to change, so it is the floor."""
     return sizes.choose(
-        quick=dict(repeats=5, run_steps=100, every=5, target=0.4, rounds=3, torch_modes=("default",),
+        quick=dict(repeats=5, run_steps=100, every=5, target=0.4, rounds=3, torch_modes=("default",), whole_step=(),
                    widths=(2, 32), sweep_names=(TORCH_EAGER, "floor"), sweep_repeats=3),
         full=dict(repeats=9, run_steps=600, every=10, target=0.98, rounds=3,
-                  torch_modes=("default", "max-autotune-no-cudagraphs"),
+                  torch_modes=("default", "max-autotune-no-cudagraphs"), whole_step=tuple(WHOLE_STEP.values()),
                   widths=(2, 4, 8, 16, 32, 64), sweep_names=(TORCH_EAGER, "nnx.jit", "floor", FASTER_FLOOR),
                   sweep_repeats=5))
 
@@ -158,15 +163,16 @@ def _jax_contender(name: str, config: ResNetConfig, seed: int) -> Contender:
 
 
 def torch_way(name: str) -> tuple[Callable, Callable, Callable]:
-    """How the PyTorch contender ``name`` (of ``TORCH_EAGER_NAMES``) trains the twin: ``prepare(model)`` (in
-    place: the memory format), ``make_optimizer(parameters)``, ``step(model, optimizer, images, labels)`` (NCHW
-    images in; it puts them in the model's format). The race and :func:`check_torch_way` both use these."""
+    """How the PyTorch contender ``name`` (of ``TORCH_WAYS``) trains the twin: ``prepare(model)`` (in place:
+    the memory format), ``make_optimizer(parameters)``, ``step(model, optimizer, images, labels)`` (NCHW images
+    in; it puts them in the model's format; a whole-step contender's step is a new ``torch.compile`` of the
+    tuned step, compiled at its first call). The race and :func:`check_torch_way` both use these."""
     import torch
 
     from fastjax.resnet import torch_twin as T
 
-    if name not in TORCH_EAGER_NAMES:
-        raise ValueError(f"unknown PyTorch contender {name!r}; choose from {TORCH_EAGER_NAMES}")
+    if name not in TORCH_WAYS:
+        raise ValueError(f"unknown PyTorch contender {name!r}; choose from {TORCH_WAYS}")
     if name == TORCH_EAGER:
         return (lambda model: model), (lambda p: torch.optim.Adam(p, lr=R.LEARNING_RATE)), T.torch_train_step
     last = torch.channels_last
@@ -174,6 +180,9 @@ def torch_way(name: str) -> tuple[Callable, Callable, Callable]:
     def step(model: Any, optimizer: Any, images: Any, labels: Any) -> Any:
         return T.torch_train_step(model, optimizer, images.contiguous(memory_format=last), labels)
 
+    if name != TORCH_TUNED:
+        mode = next(m for m, n in WHOLE_STEP.items() if n == name)
+        step = torch.compile(step, mode=None if mode == "default" else mode)
     return (lambda model: model.to(memory_format=last)), (lambda p: torch.optim.Adam(p, lr=R.LEARNING_RATE, fused=True)), step
 
 
@@ -193,7 +202,7 @@ def check_torch_way(name: str, config: ResNetConfig, batch: int, ref64: Any = No
 
 
 def _torch_contender(config: ResNetConfig, seed: int, mode: str | None, name: str = TORCH_EAGER) -> Contender:
-    """A PyTorch contender: ``name`` (of ``TORCH_EAGER_NAMES``) eager when ``mode`` is None, else
+    """A PyTorch contender: ``name`` (of ``TORCH_WAYS``) as :func:`torch_way` writes it when ``mode`` is None, else
     ``torch.compile(model, mode=...)`` of the twin as first written (the model compiled, Adam eager)."""
     import torch
 
@@ -216,11 +225,11 @@ def _torch_contender(config: ResNetConfig, seed: int, mode: str | None, name: st
 
 def contenders(names: tuple[str, ...], config: ResNetConfig, seed: int = 0,
                torch_modes: tuple[str, ...] = ()) -> dict[str, Contender]:
-    """The contenders ``names`` (of ``RACE_JAX`` and ``TORCH_EAGER_NAMES``), and one ``torch.compile``
+    """The contenders ``names`` (of ``RACE_JAX`` and ``TORCH_WAYS``), and one ``torch.compile``
     contender per mode in ``torch_modes``, all from the weights of ``resnet_nnx.make_model(config, seed)``."""
     out = {}
     for name in names:
-        out[name] = (_torch_contender(config, seed, None, name) if name in TORCH_EAGER_NAMES
+        out[name] = (_torch_contender(config, seed, None, name) if name in TORCH_WAYS
                      else _jax_contender(name, config, seed))
     for mode in torch_modes:
         c = _torch_contender(config, seed, mode)
@@ -293,6 +302,24 @@ def race_step(race: dict[str, Contender], batch: int, repeats: int) -> dict[str,
             c.reset()
     return {"timings": t, "first_call": first, "compile": {n: max(first[n] - t[n].median, 0.0) for n in t},
             "failed": {n: c.error for n, c in race.items() if c.error}, "threads": threads()}
+
+
+def waited_each_step(race: dict[str, Contender], names: tuple[str, ...], batch: int, repeats: int) -> dict[str, Any]:
+    """The JAX contenders ``names`` timed twice in turns, on the batch of :func:`race_step`: as the race times
+    every contender (a batch of calls, then one wait: JAX's asynchronous dispatch lets Python queue the next
+    step while XLA computes the last), and waiting for each step before the next call (``sync="each"``), as
+    PyTorch eager on a CPU does by itself (each operation returns when it is done). ``{name: {"async": Timing,
+    "each": Timing}}``."""
+    xs, ys = training_batches(1, batch)
+    fns = {}
+    for name in names:
+        c, (bx, by) = race[name], race[name].batch(xs[0], ys[0])
+        fns[f"{name} (async)"] = lambda c=c, bx=bx, by=by: c.run(bx, by)
+        fns[f"{name} (each)"] = lambda c=c, bx=bx, by=by: block(c.run(bx, by))  # waits inside each call
+    t = time_interleaved(fns, repeats)
+    for name in names:
+        race[name].reset()
+    return {name: {"async": t[f"{name} (async)"], "each": t[f"{name} (each)"]} for name in names}
 
 
 def race_run(race: dict[str, Contender], batch: int, steps: int, every: int, target: float, rounds: int,
@@ -583,13 +610,14 @@ def race(config: ResNetConfig | None = None) -> dict[str, Any]:
 
     s, r = settings(), race_settings()
     config = config or s.config
-    race_ = contenders((*TORCH_EAGER_NAMES, *RACE_JAX), config, torch_modes=r.torch_modes)
+    race_ = contenders((*TORCH_EAGER_NAMES, *r.whole_step, *RACE_JAX), config, torch_modes=r.torch_modes)
+    checked = {name: check_torch_way(name, config, s.batch) for name in (*TORCH_EAGER_NAMES, *r.whole_step)}
     step = race_step(race_, s.batch, r.repeats)
     run = race_run(race_, s.batch, r.run_steps, r.every, r.target, r.rounds, step["compile"])
     best = min((n for n in RACE_JAX if n in step["timings"]), key=lambda n: step["timings"][n].median)
     cached = cached_first_call(best, config, s.batch)
     sweep = race_sweep(r.widths, r.sweep_names, r.sweep_repeats)
-    return {"config": vars(config).copy(), "batch": s.batch, "step": step, "run": run, "best_jax": best,
+    return {"config": vars(config).copy(), "batch": s.batch, "checked_float64": checked, "step": step, "run": run, "best_jax": best,
             "cached_first_call": cached, "sweep": sweep}
 
 
