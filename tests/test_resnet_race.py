@@ -201,3 +201,18 @@ def test_onednn_convolutions_reads_one_step_of_the_twin(race, batches, capfd):
     assert out["isa"] == torch.backends.cpu.get_cpu_capability()
     assert out["convolutions"] > 6  # six convolutions forward (stem, two per block, one shortcut), more backward
     assert "onednn_verbose" not in capfd.readouterr().out  # the log went to the file, not to the page
+
+
+def test_threads_sets_both_sides_before_jax_starts(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "fastjax.resnet.race", "--threads", "1", "--first-call", "floor", "--cache-dir",
+           str(tmp_path), "--config", "2", "1", "1", "--batch", "8"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    threads = json.loads(done.stdout.strip().splitlines()[-1])["threads"]
+    assert threads["torch"] == 1 and threads["xla"] in (1, None)  # None: no /proc to count XLA's threads in
+    bad = subprocess.run(cmd[:4] + ["0"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--threads must be at least 1" in bad.stderr

@@ -666,11 +666,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=int, nargs=3, metavar=("WIDTH", "STAGES", "BLOCKS"))
     parser.add_argument("--batch", type=int)
     parser.add_argument("--out", type=Path, help="write the race (at the size of FASTJAX_SIZE) to this JSON file")
+    parser.add_argument("--threads", type=int, help="threads for each side: torch.set_num_threads and XLA's CPU "
+                        "pool (PJRT_NPROC, read when JAX's backend starts); default: each side's own choice")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads must be at least 1; got {args.threads}")
+        from fastjax.setup.workaround import backend_started
+
+        if backend_started():
+            parser.error("--threads must be set before JAX's backend starts; run it as a fresh process")
+        os.environ["PJRT_NPROC"] = str(args.threads)
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.first_call:
         if not (args.cache_dir and args.config and args.batch):
             sys.exit("--first-call needs --cache-dir, --config and --batch")
-        print(json.dumps(_first_call_here(args.first_call, *args.config, args.batch, args.cache_dir)))
+        print(json.dumps({**_first_call_here(args.first_call, *args.config, args.batch, args.cache_dir),
+                          "threads": threads()}))
         return
     from fastjax.tools import timing
 
