@@ -53,10 +53,10 @@ def race_settings() -> Any:
     leaves Part V's floor out: with one stage it has no image small enough to change, so it is the floor."""
     return sizes.choose(
         quick=dict(repeats=5, run_steps=100, every=5, target=0.4, rounds=3, torch_modes=("default",), whole_step=(),
-                   widths=(2, 32), sweep_names=(TORCH_EAGER, "floor"), sweep_repeats=3),
+                   widths=(2, 32), sweep_names=(TORCH_EAGER, TORCH_TUNED, "floor"), sweep_repeats=3),
         full=dict(repeats=9, run_steps=600, every=10, target=0.98, rounds=3,
                   torch_modes=("default", "max-autotune-no-cudagraphs"), whole_step=tuple(WHOLE_STEP.values()),
-                  widths=(2, 4, 8, 16, 32, 64), sweep_names=(TORCH_EAGER, "nnx.jit", "floor", FASTER_FLOOR),
+                  widths=(2, 4, 8, 16, 32, 64), sweep_names=(TORCH_EAGER, TORCH_TUNED, "nnx.jit", "floor", FASTER_FLOOR),
                   sweep_repeats=5))
 
 
