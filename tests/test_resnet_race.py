@@ -47,17 +47,22 @@ def test_contenders_train_the_same_and_restart(race, batches, floor_losses):
     assert race["floor"].first_call > 0 and race[B.TORCH_EAGER].first_call > 0
 
 
-@pytest.mark.parametrize("name", B.TORCH_EAGER_NAMES)
-def test_each_pytorch_way_trains_as_the_floor_in_float64(name):
-    # the tuned way (channels_last, fused Adam) passes the same float64 check as the twin first written
-    gaps = B.check_torch_way(name, CONFIG, BATCH)
+@pytest.fixture(scope="module")
+def floor64():
+    return T.jax_float64_run(CONFIG, *ladder.training_batches(T.CHECK_STEPS, BATCH))  # Part II's floor in float64
+
+
+@pytest.mark.parametrize("name", [n for n, (_, _, mode) in B.TORCH_WAYS.items() if mode is None])
+def test_each_pytorch_way_trains_as_the_floor_in_float64(name, floor64):
+    # each tuning (channels_last, fused or foreach Adam, both) passes the same float64 check as the twin first written
+    gaps = B.check_torch_way(name, CONFIG, BATCH, floor64)
     assert set(gaps) == {"logits", "first gradient", "weights", "running means", "running variances"}
 
 
 def test_the_whole_step_under_torch_compile_trains_as_the_floor_in_float64():
     # the full race's torch.compile of the tuned step, Adam included (its first call compiles: seconds)
     name = B.WHOLE_STEP["default"]
-    assert set(B.race_settings().whole_step) <= set(B.TORCH_WAYS)
+    assert set(B.race_settings().torch_ways) <= set(B.TORCH_WAYS)
     gaps = B.check_torch_way(name, ResNetConfig(width=2, stages=1, blocks=1), 8)
     assert set(gaps) == {"logits", "first gradient", "weights", "running means", "running variances"}
 

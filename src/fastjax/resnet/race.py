@@ -38,8 +38,15 @@ TORCH_TUNED = "PyTorch tuned"
 # torch.compile contenders of torch_modes compile the model only and keep Adam eager.
 WHOLE_STEP = {"default": "torch.compile, whole tuned step",
               "max-autotune-no-cudagraphs": "torch.compile, whole tuned step (max-autotune-no-cudagraphs)"}
-TORCH_WAYS = (TORCH_EAGER, TORCH_TUNED, *WHOLE_STEP.values())  # the ways torch_way knows
-TORCH_EAGER_NAMES = (TORCH_EAGER, TORCH_TUNED)
+# Every way torch_way knows: name -> (channels_last for model and input, torch.optim.Adam's options, the
+# torch.compile mode of the whole step or None). The full race runs them all, each its own row.
+TORCH_WAYS = {TORCH_EAGER: (False, {}, None),
+              "PyTorch channels_last": (True, {}, None),
+              "PyTorch fused Adam": (False, {"fused": True}, None),
+              "PyTorch foreach Adam": (False, {"foreach": True}, None),
+              TORCH_TUNED: (True, {"fused": True}, None),
+              **{name: (True, {"fused": True}, mode) for mode, name in WHOLE_STEP.items()}}
+TORCH_EAGER_NAMES = (TORCH_EAGER, TORCH_TUNED)  # the quick race's PyTorch ways
 TORCH_RACE_SAVED_AS = "resnet-torch"  # the part name its chapter saves the race under (fastjax.bench.save_part)
 RACE_JAX = ("nnx.jit", "eqx.filter_jit", "floor", FASTER_FLOOR)
 
@@ -52,10 +59,10 @@ def race_settings() -> Any:
     after about 85 of its 100 steps; the full one 94 % after 20, 98 % after 60 of its 600. The quick sweep
     leaves Part V's floor out: with one stage it has no image small enough to change, so it is the floor."""
     return sizes.choose(
-        quick=dict(repeats=5, run_steps=100, every=5, target=0.4, rounds=3, torch_modes=("default",), whole_step=(),
+        quick=dict(repeats=5, run_steps=100, every=5, target=0.4, rounds=3, torch_modes=("default",), torch_ways=TORCH_EAGER_NAMES,
                    widths=(2, 32), sweep_names=(TORCH_EAGER, TORCH_TUNED, "floor"), sweep_repeats=3),
         full=dict(repeats=9, run_steps=600, every=10, target=0.98, rounds=3,
-                  torch_modes=("default", "max-autotune-no-cudagraphs"), whole_step=tuple(WHOLE_STEP.values()),
+                  torch_modes=("default", "max-autotune-no-cudagraphs"), torch_ways=tuple(TORCH_WAYS),
                   widths=(2, 4, 8, 16, 32, 64), sweep_names=(TORCH_EAGER, TORCH_TUNED, "nnx.jit", "floor", FASTER_FLOOR),
                   sweep_repeats=5))
 
@@ -172,18 +179,19 @@ def torch_way(name: str) -> tuple[Callable, Callable, Callable]:
     from fastjax.resnet import torch_twin as T
 
     if name not in TORCH_WAYS:
-        raise ValueError(f"unknown PyTorch contender {name!r}; choose from {TORCH_WAYS}")
-    if name == TORCH_EAGER:
-        return (lambda model: model), (lambda p: torch.optim.Adam(p, lr=R.LEARNING_RATE)), T.torch_train_step
-    last = torch.channels_last
+        raise ValueError(f"unknown PyTorch contender {name!r}; choose from {tuple(TORCH_WAYS)}")
+    channels_last, adam, mode = TORCH_WAYS[name]
+    step, prepare = T.torch_train_step, (lambda model: model)
+    if channels_last:
+        last = torch.channels_last
 
-    def step(model: Any, optimizer: Any, images: Any, labels: Any) -> Any:
-        return T.torch_train_step(model, optimizer, images.contiguous(memory_format=last), labels)
+        def step(model: Any, optimizer: Any, images: Any, labels: Any) -> Any:
+            return T.torch_train_step(model, optimizer, images.contiguous(memory_format=last), labels)
 
-    if name != TORCH_TUNED:
-        mode = next(m for m, n in WHOLE_STEP.items() if n == name)
+        prepare = lambda model: model.to(memory_format=last)  # noqa: E731
+    if mode is not None:
         step = torch.compile(step, mode=None if mode == "default" else mode)
-    return (lambda model: model.to(memory_format=last)), (lambda p: torch.optim.Adam(p, lr=R.LEARNING_RATE, fused=True)), step
+    return prepare, (lambda p: torch.optim.Adam(p, lr=R.LEARNING_RATE, **adam)), step
 
 
 def check_torch_way(name: str, config: ResNetConfig, batch: int, ref64: Any = None, seed: int = 0) -> dict[str, Any]:
@@ -610,8 +618,8 @@ def race(config: ResNetConfig | None = None) -> dict[str, Any]:
 
     s, r = settings(), race_settings()
     config = config or s.config
-    race_ = contenders((*TORCH_EAGER_NAMES, *r.whole_step, *RACE_JAX), config, torch_modes=r.torch_modes)
-    checked = {name: check_torch_way(name, config, s.batch) for name in (*TORCH_EAGER_NAMES, *r.whole_step)}
+    race_ = contenders((*r.torch_ways, *RACE_JAX), config, torch_modes=r.torch_modes)
+    checked = {name: check_torch_way(name, config, s.batch) for name in r.torch_ways}
     step = race_step(race_, s.batch, r.repeats)
     run = race_run(race_, s.batch, r.run_steps, r.every, r.target, r.rounds, step["compile"])
     best = min((n for n in RACE_JAX if n in step["timings"]), key=lambda n: step["timings"][n].median)
