@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import subprocess
 import sys
 
@@ -94,7 +95,7 @@ def test_text_in_a_count(tmp_path, capsys):
 def test_ragged_table(tmp_path, capsys):
     path = tmp_path / "c.csv"
     path.write_text("1,2,3\n4,5\n")
-    fails_clearly(capsys, [path], "ragged", "row 1 has 2 values")
+    fails_clearly(capsys, [path], "ragged", "row 1 (line 2) has 2 cells")
 
 
 def test_offsets_of_the_wrong_shape(tmp_path, capsys):
@@ -112,7 +113,8 @@ def test_covariates_of_the_wrong_length(tmp_path, capsys):
 def test_covariates_that_repeat_the_intercept(tmp_path, capsys):
     counts = write_csv(tmp_path / "c.csv", COUNTS)
     covariates = write_csv(tmp_path / "x.csv", np.ones((24, 1)))
-    fails_clearly(capsys, [counts, "--covariates", covariates], "linearly independent columns")
+    fails_clearly(capsys, [counts, "--covariates", covariates], "covariate column 0 holds 1 in every row",
+                  "repeats the intercept column the command adds", "--no-intercept")
 
 
 def test_missing_offsets_file(tmp_path, capsys):
@@ -165,8 +167,9 @@ def test_the_command_fits_what_the_program_fits_in_process_and_from_its_cache(tm
         np.testing.assert_array_equal(got["M"], np.asarray(m, np.float64))
         np.testing.assert_array_equal(got["S"], np.asarray(s, np.float64))
         assert got["B"].shape == (2, 5) and got["Sigma"].shape == (5, 5)
-    files = list(cache.iterdir())
-    assert len(files) == 1 and files[0].stat().st_mode & 0o077 == 0  # one executable, readable by its owner only
+    files = sorted(f.name for f in cache.iterdir())
+    assert files == sorted([fitcmd.cache_key(data.shape, MAXITER) + ".jaxexe", fitcmd.SECRET_NAME])  # no temporary left
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in cache.iterdir())  # readable by their owner only
 
 
 def test_fit_matches_part_v_fit(tmp_path):
@@ -182,15 +185,16 @@ def test_fit_matches_part_v_fit(tmp_path):
     assert result.program == "compiled" and result.elbo == result.elbos[-1]
 
 
-def test_a_cache_file_others_can_write_is_not_loaded(tmp_path):
+def test_a_cache_file_others_can_write_is_removed_and_compiled_again(tmp_path):
     data = pln.check_pln_data(COUNTS)
     first = fitcmd.fit(data, maxiter=MAXITER, cache=tmp_path)
     (path,) = tmp_path.glob("*.jaxexe")
     os.chmod(path, 0o666)
-    with pytest.warns(UserWarning, match="not yours alone"):
+    with pytest.warns(UserWarning, match="has mode 666, not 600: removed, compiling again"):
         again = fitcmd.fit(data, maxiter=MAXITER, cache=tmp_path)
-    assert first.program.startswith("compiled") and again.program.startswith("compiled")
+    assert first.program.startswith("compiled") and again.program == "compiled, saved to the cache"
     np.testing.assert_array_equal(first.elbos, again.elbos)
+    assert path.stat().st_mode & 0o777 == 0o600  # the new one, written by this run
 
 
 def test_zero_column_is_dropped_with_a_note(tmp_path):

@@ -2,24 +2,56 @@
 
     python -m fastjax.pln.fit counts.csv [--offsets F] [--covariates F] [--out F.npz]
 
-``counts``: a CSV (or TSV) table of counts, samples in rows, species or genes in columns (a header
-row and a first column of row names are recognised and skipped), a ``.npy`` file, or a ``.npz`` file
-holding ``counts`` and optionally ``offsets`` and ``covariates``. ``--offsets``: log-offsets of the
-counts' shape (as pyPLNmodels takes them: the log of each sample's sequencing depth, say);
-``--covariates``: one row per sample (an intercept column is added unless ``--no-intercept``). The
-fit is Part V's (``fastjax.pln.floor.fit_fast``, pyPLNmodels' optimizer and stopping rule), in
-float32; it prints the ELBO and, with ``--out``, writes ``M``, ``S``, ``B``, ``Σ`` and the ELBOs.
+``counts``: a CSV (or TSV) table of counts, samples in rows, species or genes in columns, a ``.npy``
+file, or a ``.npz`` file holding ``counts`` and optionally ``offsets`` and ``covariates``. A first row of
+names is a header; a first column of names, or a first column with no name in the header (the index
+pandas' and R's writers add), holds row names: both are skipped, with a note for the index. A first
+column that counts 0, 1, 2, … and a first row that counts k, k+1, k+2, … are refused as an unnamed index
+and a header of numeric names (``_check_counts_table``). ``--offsets``: log-offsets of
+the counts' shape (as pyPLNmodels takes them: the log of each sample's sequencing depth, say);
+``--covariates``: numbers, one row per sample (an intercept column is added unless ``--no-intercept``);
+where both files name their rows, the names must agree. The fit is Part V's
+(``fastjax.pln.floor.fit_fast``, pyPLNmodels' optimizer and stopping rule), in float32; it prints the
+ELBO and, with ``--out``, writes ``M``, ``S``, ``B``, ``Σ`` and the ELBOs. Exit status: 0 fitted, 2 bad
+input (a message naming the file, the row or column and what to do, before JAX is imported), 1 the fit
+or the writing of ``--out`` failed.
 
 What makes it fast (chapters/floor/04-first-result.md measures each step): the data are read and
-checked before JAX is imported (bad input fails at once, with a message naming the problem); the
-fit runs as one program, compiled once per data shape and kept in the user's cache folder as a
-serialized executable (``jax.experimental.serialize_executable``); a later run loads it without
-importing the fit's modules (optax, Part V's floor), tracing, lowering or compiling.
+checked before JAX is imported; the fit runs as one program, compiled once per data shape and kept in
+the user's cache folder as a serialized executable (``jax.experimental.serialize_executable``); a later
+run loads it without importing the fit's modules (optax, Part V's floor), tracing, lowering or compiling.
 
-Loading a serialized executable runs code from the file (it is a pickle), so this command loads only
-files that it wrote itself: in its own folder (``cache_folder()``, mode 0700), owned by you and
-writable by no one else, under a name that hashes the jax and jaxlib versions, the device, the host
-CPU, the XLA flags, the data's shapes and the fit's source. Never point ``--cache`` at files from elsewhere.
+What the cache guarantees (``open_cache``, ``load_executable``). Loading a serialized executable runs
+code from the file (it is a pickle, and the executable is machine code), so the command trusts a file
+only as far as the folder that holds it, as Python trusts ``__pycache__``:
+
+- the path above the cache folder is resolved once (``os.path.realpath``), then every folder from ``/``
+  down to the cache folder is opened one by one, relative to the one above, with ``O_NOFOLLOW``, and
+  checked on its open descriptor (``fstat``: nothing can be swapped between the check and the use): each
+  owned by you or root and writable by no one else (root's sticky folders such as ``/tmp`` excepted: there
+  others cannot rename or remove what is yours), the cache folder itself yours and not a symbolic link.
+  A folder that fails is not used at all: a warning, and the fit compiles in memory;
+- the file is opened relative to that descriptor with ``O_NOFOLLOW``, must be a regular file of yours
+  with mode 0600, and is read once: what is checked is what is loaded;
+- its bytes carry an HMAC-SHA256 keyed by a random secret kept in the cache folder (``secret.key``,
+  mode 0600), written with the file and checked before anything is unpickled. It proves that the file
+  was written by a process that could read that secret, i.e. by you (this command, or code running as
+  you or as root, which could do anything anyway) and that not one byte has changed since: not a file
+  planted by hand or restored from elsewhere, not one damaged on disk. It cannot prove more: nothing
+  stored beside a file proves who wrote it against someone who can write as you;
+- the file also records what it was compiled for (``cache_what``: versions, device, CPU, flags, shapes,
+  the fit's source); a file for anything else is not loaded. The loaded program's first ELBO (at the
+  start, before any update) must match NumPy's float64 value of the same ELBO (``check_first_elbo``);
+- a file that fails any check, fails to load, or was written for something else is removed (the folder
+  is yours) and the program compiled again, with one line saying why. A cache that cannot be written is
+  a warning: the fit still runs and writes its result.
+
+What this does not cover: a file that passes every check is run as it is, so a bug of XLA's that breaks
+a program only when it is reloaded could still crash the process (the one met so far, jaxlib's LAPACK
+fill-in, is handled in ``load_executable``); and the ELBO check sees the first iteration only.
+
+``--out`` is written to a temporary file in the same folder, flushed, synced to disk and renamed over the
+target: a failed write leaves the old file as it was and no temporary behind.
 """
 
 from __future__ import annotations
@@ -33,11 +65,14 @@ import fastjax  # noqa: E402,F401  (the CPU workaround, before jax)
 import argparse
 import csv
 import hashlib
+import hmac
+import itertools
 import json
 import os
 import pickle
+import secrets
+import stat
 import sys
-import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -48,12 +83,21 @@ import numpy as np
 from fastjax import checks, pln
 
 PROG = "python -m fastjax.pln.fit"
-CACHE_FORMAT = 1  # bump when what the cache holds changes, so that old files are not read
+CACHE_FORMAT = 2  # bump when what the cache holds changes, so that old files are not read
 FIT_SOURCES = ("__init__.py", "floor.py", "rungs.py", "rprop.py", "fit.py")  # the fit's code, hashed into the key
+FIT_PACKAGES = ("jax", "jaxlib", "optax", "numpy")  # their versions are in the key (optax's code is traced into the fit)
 SLOW_STAGE_SECONDS = 2.0  # a stage that lasts longer gets a progress line
 # XLA's CPU backend at optimization level 0 (LLVM's least work): chapters/floor/04 measures the compile
 # about halved and each iteration slower; worth it for a one-off fit of small data, not for a long fit.
 QUICK_COMPILE = {"xla_backend_optimization_level": 0}
+MISSING = ("", "NA", "NaN", "nan")  # cells read as missing values (NaN), which the fit refuses
+FLOAT32_EXACT = 2**24  # the largest count float32 holds exactly, with every integer below it
+# Offsets are logs (of a sample's depth, say): e^25 is 7e10 reads. Larger ones are raw totals, not logs.
+OFFSET_LIMIT = 25.0
+MAXITER_LIMIT = 10**6  # the program keeps one float32 ELBO per iteration: 4 MB at this cap
+MAGIC = b"fastjax.pln.fit\n"
+SECRET_NAME, SECRET_BYTES = "secret.key", 32
+WHERE = "(rows and columns count the table's numbers from 0, after any header row and row-name column)"
 
 
 # ----------------------------------------------------------------------------- reading the input
@@ -75,86 +119,255 @@ def _delimiter(path: Path, first_line: str) -> str | None:
     return None  # runs of spaces
 
 
-def read_csv(path: str | os.PathLike, name: str) -> np.ndarray:
-    """A numeric table from a CSV/TSV file (float64, 2-D). A first row with a non-number is a header, a
-    first column of non-numbers holds row names: both are skipped. Raises ValueError naming the file and
-    the first cell that is not a number (an empty cell, ``NA`` and ``nan`` read as NaN)."""
+def _regular_file(path: str | os.PathLike, name: str) -> Path:
+    """``path`` if it is a regular file; else FileNotFoundError or ValueError naming it and what it is."""
     path = Path(path)
-    with open(path, newline="") as f:
-        lines = f.read().splitlines()
-    rows_text = [line for line in lines if line.strip()]
-    if not rows_text:
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{name} file not found: {path}") from None
+    except OSError as err:
+        raise ValueError(f"{path}: cannot read the {name} file ({err.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"{path}: the {name} file is a folder; name a file in it")
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{path}: the {name} file is not a regular file (a device, a pipe or a socket); name a file")
+    return path
+
+
+def _text(path: Path, name: str) -> str:
+    """The file's text, which must be UTF-8 (a byte-order mark allowed); else a message naming the byte,
+    its line and the encoding it looks like."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            found, fix = "UTF-16 (it starts with UTF-16's byte-order mark)", "save it as UTF-8 (iconv -f UTF-16 -t UTF-8)"
+        elif b"\x00" in data[:4096]:
+            found, fix = "binary data, not text", "name a CSV/TSV text file, or a .npy/.npz file with that suffix"
+        else:
+            found, fix = "Latin-1 or Windows-1252 text, probably", "save it as UTF-8 (iconv -f WINDOWS-1252 -t UTF-8)"
+        raise ValueError(f"{path}: the {name} file is not UTF-8: byte 0x{data[err.start]:02x} on line {line} "
+                         f"is not valid UTF-8; it looks like {found}: {fix}") from None
+
+
+class Table(NamedTuple):
+    """A table read from a file: its numbers (float64, 2-D), its row names (None: none), whether it had a
+    header row (None: not a text file)."""
+
+    values: np.ndarray
+    names: list[str] | None
+    header: bool | None
+
+
+def read_csv(path: str | os.PathLike, name: str) -> Table:
+    """A numeric table from a CSV/TSV file.
+
+    A first row whose cells (after the first) are all names, not numbers nor missing values, is a header.
+    The first column holds row names when its cells are names, or when the header leaves it unnamed (an
+    empty first cell, or one cell fewer than the rows: pandas' and R's index), said in a warning then.
+    An empty cell, ``NA`` and ``nan`` read as NaN. Rows are read one by one, so a file that is not a table
+    fails at its first bad row. Raises ValueError naming the file, the cell and its line.
+    """
+    path = Path(path)
+    lines = ((k, line) for k, line in enumerate(_text(path, name).splitlines(), 1) if line.strip())
+    first = next(lines, None)
+    if first is None:
         raise ValueError(f"{path}: the {name} file is empty")
-    sep = _delimiter(path, rows_text[0])
-    rows = list(csv.reader(rows_text, delimiter=sep)) if sep else [line.split() for line in rows_text]
-    rows = [[cell.strip() for cell in row] for row in rows]
-    header = not all(_is_number(c) or c == "" for c in rows[0][1:]) or (len(rows[0]) == 1 and not _is_number(rows[0][0]))
-    body = rows[1:] if header else rows
-    if not body:
+    sep = _delimiter(path, first[1])
+
+    def cells(line: str) -> list[str]:
+        row = next(csv.reader([line], delimiter=sep)) if sep and '"' in line else line.split(sep)
+        return [cell.strip() for cell in row]
+
+    top = cells(first[1])
+    header = all(not _is_number(c) and c not in MISSING for c in (top[1:] or top))
+    body = ((k, cells(line)) for k, line in lines)
+    k0, row0 = next(body, (None, None)) if header else (first[0], top)
+    if row0 is None:
         raise ValueError(f"{path}: the {name} file has a header and no rows")
-    names = all(not _is_number(r[0]) and r[0] not in ("", "NA", "nan", "NaN") for r in body)
-    if names:
-        body = [r[1:] for r in body]
-    width = len(body[0])
-    for i, r in enumerate(body):
-        if len(r) != width:
-            raise ValueError(f"{path}: {name} row {i} has {len(r)} values, row 0 has {width} (a ragged table)")
-    out = np.empty((len(body), width))
-    for i, r in enumerate(body):
-        for j, cell in enumerate(r):
-            if cell in ("", "NA", "NaN", "nan"):
-                out[i, j] = np.nan
-            else:
-                try:
-                    out[i, j] = float(cell)
-                except ValueError:
-                    raise ValueError(f"{path}: {name} holds {cell!r}, not a number, at row {i}, column {j} "
-                                     "(counted from 0, after any header row and row-name column)") from None
-    return out
+    if header and len(top) not in (len(row0), len(row0) - 1):
+        raise ValueError(f"{path}: the header (line {first[0]}) names {len(top)} columns and row 0 (line {k0}) has "
+                         f"{len(row0)} cells: give each column one name")
+    index = header and (len(top) == len(row0) - 1 or (top[0] == "" and len(top) == len(row0) > 1))
+    names_column = index or (not _is_number(row0[0]) and row0[0] not in MISSING)
+    if index:
+        warnings.warn(f"{path}: the header does not name the first column: read as row names (the index "
+                      f"pandas' to_csv and R's write.csv add), not as {name}", stacklevel=2)
+    width = len(row0) - names_column
+    if width == 0:
+        raise ValueError(f"{path}: line {k0} holds no numbers, only {row0[0][:40]!r}: not a table of {name}")
+    values: list[list[float]] = []
+    names: list[str] = []
+    for i, (k, row) in enumerate(itertools.chain([(k0, row0)], body)):
+        if len(row) != width + names_column:
+            raise ValueError(f"{path}: {name} row {i} (line {k}) has {len(row)} cells, row 0 has "
+                             f"{width + names_column} (a ragged table): give every row the same number of cells")
+        if names_column:
+            if not index and (_is_number(row[0]) or row[0] in MISSING):
+                raise ValueError(f"{path}: line {k} starts with {row[0]!r} where the rows above start with a "
+                                 "name: give every row a name that is not a number, or none")
+            names.append(row[0])
+            row = row[1:]
+        out = []
+        for j, cell in enumerate(row):
+            if cell in MISSING:
+                out.append(np.nan)
+                continue
+            try:
+                out.append(float(cell))
+            except ValueError:
+                raise ValueError(f"{path}: {name} holds {cell[:40]!r}, not a number, at row {i}, column {j} "
+                                 f"(line {k}) {WHERE}: fix that cell") from None
+        values.append(out)
+    return Table(np.array(values, dtype=np.float64), names if names_column else None, header)
+
+
+NOT_NUMPY = ("not a NumPy {suffix} file this command can read (NumPy cannot load it without unpickling, which "
+             "could run code): write the table as CSV, or with np.save / np.savez from a numeric array")
+
+
+def read_table(path: str | os.PathLike, name: str) -> Table:
+    """One table from ``path``: ``.npy`` (NumPy's format, never unpickled) or a CSV/TSV text file
+    (``read_csv``)."""
+    path = _regular_file(path, name)
+    if path.suffix.lower() == ".npz":
+        raise ValueError(f"{path}: give the {name} as .npy or CSV (a .npz file is read as the counts argument only)")
+    if path.suffix.lower() != ".npy":
+        return read_csv(path, name)
+    try:
+        return Table(np.load(path, allow_pickle=False), None, None)
+    except Exception:  # ValueError, OSError, EOFError...: numpy's own text advises allow_pickle=True
+        raise ValueError(f"{path}: {NOT_NUMPY.format(suffix='.npy')}") from None
 
 
 def read_matrix(path: str | os.PathLike, name: str) -> np.ndarray:
-    """One table from ``path``: ``.npy`` (NumPy's format) or a CSV/TSV text file (``read_csv``)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{name} file not found: {path}")
-    if path.suffix.lower() == ".npy":
-        try:
-            return np.load(path, allow_pickle=False)
-        except ValueError as err:
-            raise ValueError(f"{path}: not a NumPy array file ({err})") from None
-    return read_csv(path, name)
+    """The numbers of ``read_table(path, name)``."""
+    return read_table(path, name).values
+
+
+def _read_npz(path: Path, offsets: bool, covariates: bool) -> tuple[Any, Any, Any]:
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in ("counts", "offsets", "covariates") if k in f.files}
+            files = sorted(f.files)
+    except Exception:  # as read_table: numpy's own text advises allow_pickle=True
+        raise ValueError(f"{path}: {NOT_NUMPY.format(suffix='.npz')}") from None
+    if "counts" not in arrays:
+        raise ValueError(f"{path} holds no array named 'counts' (it has {files}): save the table with "
+                         "np.savez(file, counts=...)")
+    return arrays["counts"], arrays.get("offsets") if offsets else None, arrays.get("covariates") if covariates else None
+
+
+def _about(path: Path, check: Any, *args: Any) -> Any:
+    """``check(*args)``, its ValueError or TypeError prefixed with the file and, for a text file, the
+    convention of its row and column numbers."""
+    try:
+        return check(*args)
+    except (TypeError, ValueError) as err:
+        where = f" {WHERE}" if " row " in str(err) and path.suffix.lower() not in (".npy", ".npz") else ""
+        raise ValueError(f"{path}: {err}{where}") from None
+
+
+def _same_rows(path: Path, names: list[str] | None, count_names: list[str] | None, name: str) -> None:
+    """Where ``name``'s file names its rows, the counts file must name them alike."""
+    if names is None:
+        return
+    if count_names is None:
+        raise ValueError(f"{path}: the first column of the {name} holds text ({names[0][:40]!r}, ...), not "
+                         f"numbers: {name} must be numbers (encode a category as 0/1 columns, one per level but "
+                         "one); if it names the samples, give the counts file the same first column")
+    bad = next((i for i, (a, b) in enumerate(zip(names, count_names)) if a != b), None)
+    if bad is not None:
+        raise ValueError(f"{path}: row {bad} of the {name} is named {names[bad]!r} where row {bad} of the counts "
+                         f"is {count_names[bad]!r}: put both files' rows in the same order")
+
+
+def _check_counts_table(path: Path, table: Table, y: np.ndarray) -> None:
+    """Refuse what is not a table of counts although it reads as one: counts float32 cannot hold, and in a
+    text file an unnamed index column and a header of numeric names (consecutive integers)."""
+    n, p = y.shape
+    if table.header is not None and n >= 3 and p >= 2 and any(np.array_equal(y[:, 0], np.arange(k, n + k)) for k in (0, 1)):
+        raise ValueError(f"{path}: column 0 of the counts holds {y[0, 0]:.0f}, {y[1, 0]:.0f}, ..., {y[-1, 0]:.0f} in "
+                         "order: an index column, not counts. Delete it (pandas: to_csv(index=False)), or give the "
+                         "file a header row that leaves that column's name empty")
+    if table.header is False and n >= 2 and p >= 3 and np.array_equal(y[0], y[0, 0] + np.arange(p)):
+        raise ValueError(f"{path}: row 0 of the counts holds {y[0, 0]:.0f}, {y[0, 1]:.0f}, ..., {y[0, -1]:.0f} in "
+                         "order: a header of numeric column names, not counts. Give the columns names that are not "
+                         f"numbers (g{y[0, 0]:.0f}, ...), or delete the row")
+    big = np.argwhere(y > FLOAT32_EXACT)
+    if big.size:
+        i, j = big[0]
+        where = f" {WHERE}" if table.header is not None else ""
+        raise ValueError(f"{path}: the count {y[i, j]:.6g} at row {i}, column {j}{where} is above 2**24 = "
+                         f"{FLOAT32_EXACT:,}, the largest that float32 (the fit's precision) holds exactly: this "
+                         "command cannot fit it (pyPLNmodels fits in float64)")
 
 
 def read_data(counts: str | os.PathLike, offsets: str | os.PathLike | None = None,
               covariates: str | os.PathLike | None = None, intercept: bool = True) -> pln.PlnData:
-    """Read and check the input files; return float64 ``PlnData`` (``pln.check_pln_data``'s checks).
-    A ``.npz`` counts file may hold ``offsets`` and ``covariates`` too. ``intercept``: a column of ones
-    is put before the covariates (with no covariates the model has the intercept alone)."""
-    path = Path(counts)
+    """Read and check the input files; return float64 ``PlnData``: ``pln.check_pln_data``'s checks and the
+    command's (``_check_counts_table``; offsets that look like logs, at most ``OFFSET_LIMIT``; covariates
+    checked in the user's own columns before the intercept is added; more samples than covariates). A
+    ``.npz`` counts file may hold ``offsets`` and ``covariates`` too. ``intercept``: a column of ones is
+    put before the covariates (with no covariates the model has the intercept alone). Raises
+    FileNotFoundError or ValueError naming the file."""
+    path = _regular_file(counts, "counts")
     if path.suffix.lower() == ".npz":
-        if not path.is_file():
-            raise FileNotFoundError(f"counts file not found: {path}")
-        with np.load(path, allow_pickle=False) as f:
-            if "counts" not in f:
-                raise ValueError(f"{path} holds no array named 'counts' (it has {sorted(f.files)})")
-            y = f["counts"]
-            o = f["offsets"] if offsets is None and "offsets" in f else None
-            x = f["covariates"] if covariates is None and "covariates" in f else None
+        y, o, x = _read_npz(path, offsets is None, covariates is None)
+        table = Table(y, None, None)
     else:
-        y, o, x = read_matrix(path, "counts"), None, None
+        table, o, x = read_table(path, "counts"), None, None
+    o_path = x_path = path
+    y = _about(path, checks.check_counts, table.values, "counts")
+    _check_counts_table(path, table, y)
+    n, p = y.shape
+    _enough_samples(path, n, 1)  # before the other files are compared with the counts
     if offsets is not None:
-        o = read_matrix(offsets, "offsets")
+        o_path = _regular_file(offsets, "offsets")
+        o_table = read_table(o_path, "offsets")
+        _same_rows(o_path, o_table.names, table.names, "offsets")
+        o = o_table.values
+    if o is not None:
+        o = _about(o_path, checks.check_matrix, o, "offsets")
+        if o.shape != (n, p):
+            raise ValueError(f"{o_path}: offsets must have the shape of counts {(n, p)}; got {o.shape}")
+        if o.max() > OFFSET_LIMIT:
+            i, j = np.unravel_index(np.argmax(o), o.shape)
+            raise ValueError(f"{o_path}: offsets are logs (of each sample's sequencing depth, say), but the one at "
+                             f"row {i}, column {j} is {o[i, j]:.6g}, above {OFFSET_LIMIT:g} (e^{OFFSET_LIMIT:g} reads): "
+                             "these look like raw totals. Take their log (np.log) first")
     if covariates is not None:
-        x = read_matrix(covariates, "covariates")
+        x_path = _regular_file(covariates, "covariates")
+        x_table = read_table(x_path, "covariates")
+        _same_rows(x_path, x_table.names, table.names, "covariates")
+        x = x_table.values
     if x is not None:
-        x = checks.as_array(x, "covariates")
-        x = x[:, None] if x.ndim == 1 else x
-        if intercept and x.ndim == 2:
-            x = np.hstack([np.ones((x.shape[0], 1)), x])
+        x = _about(x_path, checks.as_array, x, "covariates")
+        x = _about(x_path, checks.check_matrix, x[:, None] if x.ndim == 1 else x, "covariates")
+        if x.shape[0] != n:
+            raise ValueError(f"{x_path}: covariates must have one row per sample of counts ({n}); got {x.shape[0]} rows")
+        constant = np.flatnonzero(np.all(x == x[:1], axis=0))
+        if intercept and constant.size:
+            raise ValueError(f"{x_path}: covariate column {constant[0]} holds {x[0, constant[0]]:.6g} in every row: "
+                             "it repeats the intercept column the command adds. Delete the column, or pass "
+                             "--no-intercept to keep it as the intercept")
+        if intercept:
+            x = np.hstack([np.ones((n, 1)), x])
+        _about(x_path, checks.check_full_column_rank, x,
+               "covariates (after the intercept column the command adds)" if intercept else "covariates")
     elif not intercept:
         raise ValueError("--no-intercept needs covariates: a model needs at least one covariate")
+    _enough_samples(path, n, 1 if x is None else x.shape[1])
     return pln.check_pln_data(y, o, x)
+
+
+def _enough_samples(path: Path, n: int, d: int) -> None:
+    if n <= d:
+        raise ValueError(f"{path}: {n} sample(s) for {d} covariate column(s), the intercept included: a fit needs "
+                         f"more samples than covariates, at least {d + 1}")
 
 
 # ----------------------------------------------------------------------------- the compiled fit
@@ -203,39 +416,167 @@ def host_cpu() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def cache_key(shape: tuple[int, int, int], maxiter: int, compile_options: dict[str, Any] | None = None) -> str:
-    """A name for the compiled fit of ``shape`` (n, p, d): a hash of everything the executable depends
-    on (jax, jaxlib, the device and the host CPU, XLA_FLAGS and compile options, the shapes, float32,
-    ``maxiter``, the fit's source files)."""
+def cache_what(shape: tuple[int, int, int], maxiter: int, compile_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the compiled fit of ``shape`` (n, p, d) depends on: the versions of jax, jaxlib, optax (traced
+    into the fit) and numpy, Python's, the device and the host CPU, every ``JAX_*`` and ``XLA_*``
+    environment variable (``XLA_FLAGS`` among them) and the compile options, the shapes, float32,
+    ``maxiter`` and the fit's source files."""
+    import importlib.metadata
+
     import jax
-    import jaxlib
 
     device = jax.devices()[0]
     here = Path(__file__).resolve().parent
     source = hashlib.sha256(b"".join((here / f).read_bytes() for f in FIT_SOURCES)).hexdigest()
-    what = dict(format=CACHE_FORMAT, jax=jax.__version__, jaxlib=jaxlib.__version__, platform=device.platform,
-                device=device.device_kind, devices=jax.device_count(), cpu=host_cpu(), xla_flags=os.environ.get("XLA_FLAGS", ""),
-                shape=list(shape), dtype="float32", maxiter=maxiter, source=source, options=compile_options or {})
+    return dict(format=CACHE_FORMAT, versions={k: importlib.metadata.version(k) for k in FIT_PACKAGES},
+                python=sys.version, platform=device.platform, device=device.device_kind, devices=jax.device_count(),
+                cpu=host_cpu(), env={k: v for k, v in sorted(os.environ.items()) if k.startswith(("JAX_", "XLA_"))},
+                shape=[int(v) for v in shape], dtype="float32", maxiter=int(maxiter), source=source,
+                options=compile_options or {})
+
+
+def cache_key(shape: tuple[int, int, int], maxiter: int, compile_options: dict[str, Any] | None = None) -> str:
+    """The file name of the compiled fit of ``shape`` (n, p, d): a hash of ``cache_what``."""
+    what = cache_what(shape, maxiter, compile_options)
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def _trusted(path: Path) -> bool:
-    """True when ``path`` and its folder belong to this user and no one else can write them."""
-    for p in (path, path.parent):
-        st = p.stat()
-        if (hasattr(os, "getuid") and st.st_uid != os.getuid()) or st.st_mode & 0o022:
-            return False
-    return True
+class CacheRejected(Exception):
+    """A cache file (or folder) that is not used, and why."""
 
 
-def load_executable(path: Path) -> Any | None:
-    """The compiled fit saved at ``path`` by ``save_executable``, or None when there is none, it is not
-    this user's own (``_trusted``), or it no longer loads (it is then removed)."""
-    if not path.is_file():
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+_FILE_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
+def _check_folder(fd: int, where: Path, last: bool) -> None:
+    st, me = os.fstat(fd), os.geteuid()
+    if st.st_uid not in ((me,) if last else (me, 0)):
+        raise CacheRejected(f"{where} belongs to user id {st.st_uid}, not to you{'' if last else ' or root'}")
+    sticky = st.st_uid == 0 and st.st_mode & stat.S_ISVTX and not last
+    if st.st_mode & 0o022 and not sticky:
+        raise CacheRejected(f"{where} can be written by others (mode {stat.S_IMODE(st.st_mode):o})")
+
+
+def open_cache(folder: str | os.PathLike) -> int:
+    """An open descriptor of the cache ``folder`` (created, mode 0700, where missing), after checking each
+    folder from ``/`` down on its own descriptor (module docstring). Raises CacheRejected or OSError."""
+    if not hasattr(os, "O_NOFOLLOW") or os.open not in os.supports_dir_fd:
+        raise CacheRejected("this system cannot open files relative to a checked folder")
+    full = Path(os.path.abspath(folder))
+    parts = Path(os.path.realpath(full.parent)).parts[1:] + ((full.name,) if full.name else ())
+    fd, where = os.open("/", _DIR_FLAGS), Path("/")
+    try:
+        _check_folder(fd, where, last=not parts)
+        for k, part in enumerate(parts):
+            where = where / part
+            try:
+                new = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                os.mkdir(part, 0o700, dir_fd=fd)
+                new = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as err:  # ELOOP, ENOTDIR: a symbolic link or a file
+                raise CacheRejected(f"{where}: {err.strerror} (the cache folder must be a folder, not a symbolic link)") from None
+            os.close(fd)
+            fd = new
+            _check_folder(fd, where, last=k == len(parts) - 1)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_own(folder_fd: int, name: str, size: int | None = None) -> bytes | None:
+    """The bytes of ``name`` in the checked folder, read once from the descriptor that was checked (a regular
+    file of yours, mode 0600); None when there is none. Raises CacheRejected."""
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=folder_fd)
+    except FileNotFoundError:
         return None
-    if not _trusted(path):
-        warnings.warn(f"{path} is not yours alone (owner or write bits): not loaded, compiling instead", stacklevel=2)
+    except OSError as err:
+        raise CacheRejected(f"cannot be opened safely ({err.strerror}: a symbolic link?)") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CacheRejected("is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise CacheRejected(f"belongs to user id {st.st_uid}, not to you")
+        if stat.S_IMODE(st.st_mode) != 0o600:
+            raise CacheRejected(f"has mode {stat.S_IMODE(st.st_mode):o}, not 600")
+        return f.read() if size is None else f.read(size + 1)
+
+
+def _write_own(folder_fd: int, name: str, data: bytes, replace: bool = True) -> None:
+    """Write ``data`` to ``name`` in the checked folder through a new temporary file (mode 0600, synced),
+    renamed over ``name`` (``replace``) or linked to it unless it exists; no temporary is left behind."""
+    tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder_fd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(fd, 0o600)
+            f.write(data)
+            f.flush()
+            os.fsync(fd)
+        if replace:
+            os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+        else:
+            try:
+                os.link(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd, follow_symlinks=False)
+            except FileExistsError:
+                pass
+    finally:
+        try:
+            os.unlink(tmp, dir_fd=folder_fd)
+        except FileNotFoundError:
+            pass
+
+
+def cache_secret(folder_fd: int) -> bytes:
+    """The cache folder's secret (``SECRET_NAME``, 32 random bytes, mode 0600), made where missing; one that
+    fails the file checks is replaced, which makes every file signed with it unprovable."""
+    for _ in range(2):
+        try:
+            key = _read_own(folder_fd, SECRET_NAME, SECRET_BYTES)
+        except CacheRejected as why:
+            warnings.warn(f"the cache's {SECRET_NAME} {why}: replaced by a new one", stacklevel=2)
+            os.unlink(SECRET_NAME, dir_fd=folder_fd)
+            key = None
+        if key is not None and len(key) == SECRET_BYTES:
+            return key
+        if key is not None:
+            os.unlink(SECRET_NAME, dir_fd=folder_fd)
+        _write_own(folder_fd, SECRET_NAME, secrets.token_bytes(SECRET_BYTES), replace=False)
+    raise CacheRejected(f"its {SECRET_NAME} cannot be made")
+
+
+def _signed(secret: bytes, what: dict[str, Any], payload: bytes) -> bytes:
+    meta = json.dumps(what, sort_keys=True).encode()
+    body = MAGIC + len(meta).to_bytes(8, "little") + meta + payload
+    return body + hmac.new(secret, body, hashlib.sha256).digest()
+
+
+def _unsigned(secret: bytes, what: dict[str, Any], raw: bytes) -> bytes:
+    """The payload of a file ``_signed`` wrote for ``what``; else CacheRejected."""
+    body, mac = raw[:-32], raw[-32:]
+    if len(raw) < len(MAGIC) + 40 or not hmac.compare_digest(hmac.new(secret, body, hashlib.sha256).digest(), mac):
+        raise CacheRejected("does not carry this cache's signature (not written by this command, or changed since)")
+    size = int.from_bytes(body[len(MAGIC):len(MAGIC) + 8], "little")
+    meta = json.loads(body[len(MAGIC) + 8:len(MAGIC) + 8 + size])
+    if meta != json.loads(json.dumps(what)):
+        changed = sorted(k for k in set(meta) | set(what) if meta.get(k) != what.get(k))
+        raise CacheRejected("was compiled for another " + ", ".join(f"{k} ({k}={meta.get(k)})" if k in ("shape", "maxiter")
+                                                                    else k for k in changed))
+    return body[len(MAGIC) + 8 + size:]
+
+
+def load_executable(folder_fd: int, name: str, what: dict[str, Any]) -> Any | None:
+    """The compiled fit saved as ``name`` in the checked cache folder by ``save_executable`` for ``what``, or
+    None when there is none. Raises CacheRejected (the caller removes the file) when it fails a check or
+    does not load."""
+    raw = _read_own(folder_fd, name)
+    if raw is None:
         return None
+    payload = _unsigned(cache_secret(folder_fd), what, raw)
     import jax
     from jax.experimental import serialize_executable
 
@@ -245,29 +586,45 @@ def load_executable(path: Path) -> Any | None:
     # never compiled, fills them in through public API.
     jax.jit(jax.numpy.linalg.cholesky).trace(jax.ShapeDtypeStruct((1, 1), np.float32)).lower()
     try:
-        blob, in_tree, out_tree = pickle.loads(path.read_bytes())
+        blob, in_tree, out_tree = pickle.loads(payload)  # signed by this cache's secret: written by this command
         return serialize_executable.deserialize_and_load(blob, in_tree, out_tree)
-    except Exception:  # written by an older or broken run: drop it and compile again
-        path.unlink(missing_ok=True)
-        return None
+    except Exception as err:
+        raise CacheRejected(f"does not load ({type(err).__name__}: {str(err)[:100]})") from None
 
 
-def save_executable(compiled: Any, path: Path) -> bool:
-    """Write ``compiled`` (a ``jax.stages.Compiled``) to ``path`` (mode 0600, folder 0700); False when
-    this backend cannot serialize its executables."""
+def save_executable(compiled: Any, folder_fd: int, name: str, what: dict[str, Any]) -> bool:
+    """Write ``compiled`` (a ``jax.stages.Compiled``) as ``name`` in the checked cache folder, signed
+    (``_signed``), through a temporary file renamed over it; False when this backend cannot serialize its
+    executables. Raises OSError or CacheRejected when it cannot be written."""
     from jax.experimental import serialize_executable
 
     try:
         payload = pickle.dumps(serialize_executable.serialize(compiled))
     except (ValueError, NotImplementedError):
         return False
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path.parent, 0o700)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:  # mkstemp makes it 0600
-        f.write(payload)
-    os.replace(tmp, path)
+    _write_own(folder_fd, name, _signed(cache_secret(folder_fd), what, payload))
     return True
+
+
+def first_elbo_rtol(data: pln.PlnData) -> float:
+    """How far the program's float32 ELBO at the start may lie from NumPy's float64 one, relative: a sum of
+    N = n·p terms in any order is off by at most (N − 1)·u32 times the sum of their magnitudes, which is
+    ``pln.elbo_condition`` times the ELBO; doubled for the rounding of the inputs to float32 and the
+    float32 log-determinant of Σ."""
+    m, s = pln.start(data)
+    n, p, _ = data.shape
+    return 2 * n * p * float(np.finfo(np.float32).eps / 2) * pln.elbo_condition(m, s, data)
+
+
+def check_first_elbo(elbos: Any, data: pln.PlnData) -> None:
+    """Raise CacheRejected unless the program's first ELBO (at pyPLNmodels' start, before any update) is
+    NumPy's float64 value of it within ``first_elbo_rtol``: a program that computes another function is
+    caught before its result is used."""
+    m, s = pln.start(data)
+    want, got = float(pln.profiled_elbo(m, s, data, np)), float(np.asarray(elbos)[0])
+    rtol = first_elbo_rtol(data)
+    if not abs(got - want) <= rtol * abs(want):
+        raise CacheRejected(f"gives the ELBO {got:.7g} at the start, where it is {want:.7g}")
 
 
 class FitResult(NamedTuple):
@@ -318,14 +675,38 @@ class _Progress:
         self.done.set()
 
 
+def _open_or_warn(cache: str | os.PathLike) -> int | None:
+    try:
+        return open_cache(cache)
+    except (CacheRejected, OSError) as why:
+        text = why.strerror if isinstance(why, OSError) and why.strerror else str(why)
+        warnings.warn(f"cache folder {cache} not used: {text}; compiling in memory", stacklevel=3)
+        return None
+
+
+def check_tol(tol: Any) -> float:
+    """``tol``, the stopping criterion: a number in (0, 1); else ValueError."""
+    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.floating)) or not 0 < tol < 1:
+        raise ValueError(f"--tol must be a number in (0, 1), such as {pln.TOL} (pyPLNmodels' default); got {tol!r}")
+    return float(tol)
+
+
+def check_maxiter(maxiter: Any) -> int:
+    """``maxiter``: a positive integer up to ``MAXITER_LIMIT``; else TypeError or ValueError."""
+    maxiter = checks.check_positive_int(maxiter, "--maxiter")
+    if maxiter > MAXITER_LIMIT:
+        raise ValueError(f"--maxiter must be at most {MAXITER_LIMIT:,} (the fit keeps one ELBO per iteration); "
+                         f"got {maxiter:,}")
+    return maxiter
+
+
 def fit(data: pln.PlnData, maxiter: int = pln.MAXITER, tol: float = pln.TOL, cache: str | os.PathLike | None = None,
         progress: bool = False, compile_options: dict[str, Any] | None = None) -> FitResult:
     """Fit ``data`` (NumPy ``PlnData``, e.g. from ``read_data``) with ``fit_program``, compiled once per
     shape (with XLA's ``compile_options``, e.g. ``QUICK_COMPILE``): loaded from ``cache`` (a folder; None:
-    no cache) when this command saved it there before."""
-    maxiter = checks.check_positive_int(maxiter, "maxiter")
-    if not (isinstance(tol, (int, float)) and tol >= 0):
-        raise ValueError(f"tol must be a number >= 0; got {tol!r}")
+    no cache) when this command saved it there before (module docstring: the checks). Problems with the
+    cache are warnings (UserWarning, one line each); FloatingPointError when the fit fails."""
+    maxiter, tol = check_maxiter(maxiter), check_tol(tol)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     import jax
@@ -334,30 +715,112 @@ def fit(data: pln.PlnData, maxiter: int = pln.MAXITER, tol: float = pln.TOL, cac
     t0 = time.perf_counter()
     data32 = pln.PlnData(*(np.asarray(a, np.float32) for a in data[:3]), np.float32(data.log_factorial))
     args = (data32, np.float32(tol), np.float32(np.inf))  # target +inf: stop by the criterion or maxiter
-    key = cache_key(data.shape, maxiter, compile_options)
-    path = Path(cache) / f"{key}.jaxexe" if cache is not None else None
-    compiled = load_executable(path) if path is not None else None
-    program = "loaded from the cache"
-    if compiled is None:
-        n, p, _ = data.shape
-        with _Progress(f"compiling the fit for {n}×{p} counts (once per shape)", progress):
-            import functools
+    what = cache_what(data.shape, maxiter, compile_options)
+    name = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32] + ".jaxexe"
+    folder = _open_or_warn(cache) if cache is not None else None
+    try:
+        out, program = None, "loaded from the cache"
+        if folder is not None:
+            try:
+                compiled = load_executable(folder, name, what)
+                if compiled is not None:
+                    seconds["program"], t0 = time.perf_counter() - t0, time.perf_counter()
+                    out = jax.block_until_ready(compiled(*args))
+                    seconds["fit"] = time.perf_counter() - t0
+                    check_first_elbo(out[1], data)
+            except Exception as why:  # CacheRejected, or the program fails to run: never a crash, never its result
+                why = why if isinstance(why, CacheRejected) else f"does not run ({type(why).__name__}: {str(why)[:100]})"
+                warnings.warn(f"the cached fit {Path(cache) / name} {why}: removed, compiling again", stacklevel=2)
+                out = None
+                try:
+                    os.unlink(name, dir_fd=folder)
+                except OSError:
+                    pass
+        if out is None:
+            n, p, _ = data.shape
+            with _Progress(f"compiling the fit for {n}×{p} counts (once per shape)", progress):
+                import functools
 
-            lowered = jax.jit(functools.partial(fit_program, maxiter=maxiter)).trace(*args).lower()
-            compiled = lowered.compile(compiler_options=compile_options) if compile_options else lowered.compile()
-        program = "compiled"
-        if path is not None:
-            program += ", saved to the cache" if save_executable(compiled, path) else " (this backend cannot save it)"
-    seconds["program"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    with _Progress("fitting", progress):
-        (m, s), elbos, crit = jax.block_until_ready(compiled(*args))
-    seconds["fit"] = time.perf_counter() - t0
-    pln.check_fit(elbos, crit)
+                lowered = jax.jit(functools.partial(fit_program, maxiter=maxiter)).trace(*args).lower()
+                compiled = lowered.compile(compiler_options=compile_options) if compile_options else lowered.compile()
+            program = "compiled"
+            seconds["program"], t0 = time.perf_counter() - t0, time.perf_counter()
+            with _Progress("fitting", progress):
+                out = jax.block_until_ready(compiled(*args))
+            seconds["fit"] = time.perf_counter() - t0
+        (m, s), elbos, crit = out
+        elbos = np.asarray(elbos)[: int(crit.count)]
+        try:
+            pln.check_fit(elbos, crit)
+        except FloatingPointError as err:  # pln's advice (eager gradient, float64) is not the command's
+            raise FloatingPointError(str(err).split("; evaluate")[0] + "; check that the offsets are logs and the "
+                                     "counts what you meant, or fit with pyPLNmodels in float64") from None
+        if elbos.size and elbos.max() >= 0:  # a float32 sum that lost every digit lands on 0 or above
+            raise FloatingPointError(f"the fit's ELBO reached {elbos.max():.6g}, impossible for counts (it bounds a "
+                                     "log-probability, below 0): the float32 fit lost its precision; fit with "
+                                     "pyPLNmodels in float64")
+        if program == "compiled":
+            try:
+                check_first_elbo(elbos, data)
+            except CacheRejected as why:  # not a cache problem: a bug of the fit's or of XLA's
+                raise FloatingPointError(f"the program just compiled {why}") from None
+            if folder is not None:
+                try:
+                    saved = save_executable(compiled, folder, name, what)
+                    program += ", saved to the cache" if saved else " (this backend cannot save it)"
+                except (OSError, CacheRejected) as why:
+                    text = why.strerror if isinstance(why, OSError) and why.strerror else str(why)
+                    warnings.warn(f"the compiled fit could not be saved in {cache}: {text}; the fit goes on", stacklevel=2)
+                    program += " (not saved)"
+    finally:
+        if folder is not None:
+            os.close(folder)
     m, s = np.asarray(m, np.float64), np.asarray(s, np.float64)
     x = np.asarray(data.covariates, np.float64)
     return FitResult(m, s, pln.closed_form_coef(x, m, np), pln.closed_form_covariance(x, m, s, np),
-                     np.asarray(elbos)[: int(crit.count)], float(crit.value), program, seconds)
+                     elbos, float(crit.value), program, seconds)
+
+
+def write_result(result: FitResult, out: str | os.PathLike) -> None:
+    """Write ``result``'s ``M``, ``S``, ``B``, ``Sigma`` and ELBOs to ``out`` (a .npz archive, under exactly that
+    name) through a temporary file in its folder, flushed, synced and renamed over ``out``: a failed write
+    leaves ``out`` as it was and no temporary behind. Raises OSError."""
+    out = Path(out)
+    fd, tmp = _tempfile(out)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, M=result.m, S=result.s, B=result.coef, Sigma=result.covariance, elbos=result.elbos)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _tempfile(out: Path) -> tuple[int, str]:
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # as a file made by open() would be
+    return fd, tmp
+
+
+def check_out(out: str) -> Path:
+    """``--out``: a new or existing ``.npz`` file in a folder that exists and can be written; else ValueError."""
+    path = Path(out)
+    if path.suffix.lower() != ".npz":
+        raise ValueError(f"--out {out}: the result is a NumPy .npz archive; give a name that ends in .npz "
+                         f"(such as {path.with_suffix('.npz').name})")
+    if path.is_dir():
+        raise ValueError(f"--out {out} is a folder; name a file in it")
+    if not path.resolve().parent.is_dir():
+        raise ValueError(f"--out: the folder of {out} does not exist")
+    if not os.access(path.resolve().parent, os.W_OK):
+        raise ValueError(f"--out: the folder of {out} cannot be written: choose another folder")
+    return path
 
 
 # ----------------------------------------------------------------------------- the command
@@ -371,7 +834,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-intercept", action="store_true", help="do not add a column of ones to the covariates")
     p.add_argument("--out", help="write M, S, B, Sigma and the ELBOs to this .npz file")
     p.add_argument("--maxiter", type=int, default=pln.MAXITER, help=f"iteration cap (default {pln.MAXITER}, pyPLNmodels')")
-    p.add_argument("--tol", type=float, default=pln.TOL, help=f"stopping criterion (default {pln.TOL}, pyPLNmodels')")
+    p.add_argument("--tol", type=float, default=pln.TOL, help=f"stopping criterion in (0, 1) (default {pln.TOL}, pyPLNmodels')")
     p.add_argument("--cache", default=None, help=f"folder of compiled fits (default {cache_folder()})")
     p.add_argument("--no-cache", action="store_true", help="compile, keep nothing")
     p.add_argument("--quick-compile", action="store_true",
@@ -386,28 +849,37 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def _say(caught: list[warnings.WarningMessage], word: str) -> None:
+    for w in caught:
+        print(f"{PROG}: {word}: {w.message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the command; return its exit status (0 fitted, 2 bad input, 1 the fit failed)."""
+    """Run the command; return its exit status (0 fitted, 2 bad input, 1 the fit or writing --out failed)."""
     args = parser().parse_args(argv)
     stamps = [time.perf_counter()]
     try:
+        check_tol(args.tol)
+        check_maxiter(args.maxiter)
+        if args.out is not None:
+            check_out(args.out)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             data = read_data(args.counts, args.offsets, args.covariates, intercept=not args.no_intercept)
-        for w in caught:
-            print(f"{PROG}: note: {w.message}", file=sys.stderr)
-        checks.check_positive_int(args.maxiter, "--maxiter")
-        if args.out is not None and not Path(args.out).resolve().parent.is_dir():
-            raise ValueError(f"--out: the folder of {args.out} does not exist")
+        _say(caught, "note")
     except (OSError, ValueError, TypeError) as err:
         return _fail(str(err), 2)
     cache = None if args.no_cache else Path(args.cache) if args.cache else cache_folder()
     stamps.append(time.perf_counter())
     try:
-        result = fit(data, args.maxiter, args.tol, cache, progress=not (args.quiet or args.json),
-                     compile_options=QUICK_COMPILE if args.quick_compile else None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UserWarning)
+            result = fit(data, args.maxiter, args.tol, cache, progress=not (args.quiet or args.json),
+                         compile_options=QUICK_COMPILE if args.quick_compile else None)
     except (FloatingPointError, ValueError) as err:
+        _say(caught, "warning")
         return _fail(f"the fit failed: {err}", 1)
+    _say(caught, "warning")
     n, p, d = data.shape
     if args.json:
         seconds = result.seconds
@@ -423,7 +895,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"PLN fit of {n} samples × {p} counts, {d} covariate(s): ELBO {result.elbo:.6g} after "
               f"{len(result.elbos)} iterations ({stop}); program {result.program}; fit {result.seconds['fit']:.3f} s")
     if args.out:
-        np.savez(args.out, M=result.m, S=result.s, B=result.coef, Sigma=result.covariance, elbos=result.elbos)
+        try:
+            write_result(result, args.out)
+        except OSError as err:
+            return _fail(f"could not write {args.out} ({err.strerror or err}); it is as it was before this run", 1)
     return 0
 
 
