@@ -25,10 +25,10 @@ def sweep_start(config: ResNetConfig, seeds):
     return graphdef, treedef, [jnp.stack(arrays) for arrays in zip(*(leaves for _, _, leaves in starts))]
 
 
-def sweep_step(graphdef, treedef):
-    """``step(stacked, images, labels) -> (stacked, losses)``: one floor step of every member on the same
-    batch, as one function (jit it)."""
-    return jax.vmap(R.floor_step(graphdef, treedef), in_axes=(0, None, None))
+def sweep_step(graphdef, treedef, make_step=R.floor_step):
+    """``step(stacked, images, labels) -> (stacked, losses)``: one step of every member on the same batch,
+    as one function (jit it); ``make_step(graphdef, treedef)`` makes one member's step (the floor's)."""
+    return jax.vmap(make_step(graphdef, treedef), in_axes=(0, None, None))
 
 
 def member(stacked, k: int) -> list:
