@@ -39,13 +39,13 @@ def test_a_right_answer_passes_and_is_timed_against_the_reference_and_the_start(
     # right and not retracing; its speed next to the reference is not asserted (a timing in a test)
     assert report.right and not report.retraces, report.text()
     assert report.seconds > 0 and report.reference_seconds > 0 and report.start_seconds > 0
-    assert "computes the same" in report.text() and "speed-up over the starting program" in report.text()
+    assert "computes the same" in report.text() and "Next to the starting program, yours is" in report.text()
 
 
 def test_a_wrong_answer_is_named_with_the_worst_value(toy):
     report = ex.check("method-toy", jax.jit(lambda x: jnp.sum(jnp.sin(x) ** 2) * 1.01))
     assert not report.right and not report.passed
-    assert "differs from the reference" in report.problem and "compare with the starting program" in report.text()
+    assert "differ from the reference's" in report.problem and "compare with the starting program" in report.text()
     assert report.seconds is None  # a wrong answer is not timed
 
 
@@ -68,9 +68,11 @@ def test_a_retracing_answer_is_caught_by_its_compilations(toy):
     def retracing(x):  # a new jitted closure on every call: JAX compiles every time
         return jax.jit(lambda y: jnp.sum(jnp.sin(y) ** 2))(x)
 
-    report = ex.check("method-toy", retracing)
+    report = ex.check("method-toy", retracing, repeats=1)
     assert report.right and report.retraces and report.slow and not report.passed
-    assert report.compiles >= 3 and "compiled" in report.text() and "put it under jax.jit" in report.text()
+    assert report.compiles == 1 and report.structural_misses == ["compiles"]  # counted on one call, not timed
+    assert "your programs compiled 1 time(s) (jit(<lambda>))" in report.text()
+    assert "put it under jax.jit" in report.text()
 
 
 def test_a_slow_answer_is_named_slow(toy):
@@ -107,3 +109,146 @@ def test_compiles_during_counts_a_new_shape_and_nothing_on_a_second_call():
     assert ex.compiles_during(lambda: f(seven)) == 1
     assert ex.compiles_during(lambda: f(seven)) == 0
     assert ex.compiles_during(lambda: f(eight)) == 1
+
+
+# ---------------------------------------------------------------- the structural witnesses (issue 38)
+
+def test_eager_operations_outside_jit_are_not_counted_as_the_answers_compilations():
+    f = jax.jit(lambda x: x * 2 + 1)
+    x = jnp.arange(50.0)
+    f(x)
+
+    def sliced(k):  # a jitted program, then an eager slice of a new length: JAX compiles the slice per shape
+        return f(x)[:k]
+
+    ex._Compiles.start()
+    before, own = ex._Compiles.count, ex._Compiles.own
+    jax.block_until_ready((sliced(7), jnp.stack([x, x[::-1]])[:, :9]))
+    assert ex._Compiles.count - before >= 1  # JAX compiled its eager operations...
+    assert ex._Compiles.own - own == 0  # ...none of them a program of the answer's own
+    g = jax.jit(lambda y, k: y[:k], static_argnums=1)
+    before = ex._Compiles.own
+    jax.block_until_ready(g(x, 11))
+    assert ex._Compiles.own - before == 1 and ex._Compiles.own_names[-1] == "jit(<lambda>)"
+
+
+def test_host_reads_are_counted_however_python_reads_the_value():
+    f = jax.jit(lambda x: x * 2)
+    x = jnp.arange(4.0)
+    reads = {
+        "float": lambda: float(f(x)[1]), "bool": lambda: bool(f(x)[1] > 0), "item": lambda: f(x)[1].item(),
+        "asarray": lambda: np.asarray(f(x)), "array": lambda: np.array(f(x)), "tolist": lambda: f(x).tolist(),
+        "device_get": lambda: jax.device_get(f(x)),
+    }
+    for what, read in reads.items():
+        with ex._HostReads.counting():
+            before = ex._HostReads.count
+            read()
+            assert ex._HostReads.count - before == 1, what
+    with ex._HostReads.counting():
+        before = ex._HostReads.count
+        jax.block_until_ready(f(f(x)))  # waiting is not a read
+        np.asarray(np.ones(3))  # NumPy's own arrays are not counted
+        assert ex._HostReads.count == before
+    assert float(f(x)[1]) == 2.0  # and the wrapping is undone
+
+
+def test_a_host_read_is_named_whatever_the_clock_says(toy, monkeypatch):
+    exercise = ex.Exercise(**{**toy.__dict__, "name": "method-toy2", "witness": ("host reads",),
+                              "slow_hints": {"host reads": "no float() of the sum"}})
+    monkeypatch.setitem(ex.REGISTRY, exercise.name, exercise)
+
+    def reads_then_jits(x):
+        total = float(reference(x))  # right, and fast, but Python waits for the value
+        return jnp.float32(total)
+
+    report = ex.check("method-toy2", reads_then_jits, repeats=1)
+    assert report.right and report.slow and not report.passed and report.structural_misses == ["host reads"]
+    assert report.host_reads == 1 and report.reference_structure.host_reads == 0
+    assert "Python read a device value 1 time(s)" in report.text() and "no float() of the sum" in report.text()
+
+
+def report_of(seconds, reference, start, witness=()):
+    """A Report as check makes it, with the timings given (the verdict by time is a pure function of them)."""
+    report = ex.Report("method-toy", right=True, seconds=seconds, reference_seconds=reference, start_seconds=start,
+                       structure=ex.Structure(0, 0), reference_structure=ex.Structure(0, 0), witness=witness)
+    report.by_time = ex._by_time(report)
+    return report
+
+
+def test_time_that_cannot_tell_the_reference_from_the_start_says_so():
+    # the start only 1.3x the reference: time alone cannot judge, and says so instead of PASSED
+    report = report_of(1.25e-3, 1e-3, 1.3e-3)
+    assert report.by_time == "cannot tell" and report.undecided and not report.passed and not report.slow
+    assert "CANNOT TELL ON THIS MACHINE" in report.text() and "only 1.30x faster" in report.text()
+    # where the lesson is structural, the counts decide, and the line says so
+    report = report_of(1.25e-3, 1e-3, 1.3e-3, witness=("host reads",))
+    assert report.passed and "the verdict rests on what was counted" in report.text()
+
+
+def test_the_limit_is_the_geometric_middle_of_the_reference_and_the_start():
+    assert report_of(1.9e-3, 1e-3, 4e-3).by_time == "fine"  # limit sqrt(4) = 2
+    assert report_of(2.1e-3, 1e-3, 4e-3).by_time == "slow"
+    assert report_of(2.9e-3, 1e-3, 100e-3).by_time == "fine" and report_of(3.1e-3, 1e-3, 100e-3).by_time == "slow"
+    assert report_of(1e-3, 1e-3, 3.2e-3).limit >= ex.SLOW_FACTOR  # never below SLOW_FACTOR
+
+
+def test_an_answer_slower_than_the_start_reads_n_times_slower_never_zero():
+    report = report_of(20e-3, 1e-3, 1e-3 * 3.5)
+    assert "yours is 5.7x slower" in report.text() and "0.0x" not in report.text()
+    assert ex.times_slower(1.0, 3.0) == "3.0x faster" and ex.times_slower(3.0, 1.0) == "3.0x slower"
+
+
+# ---------------------------------------------------------------- same_arrays
+
+def test_same_arrays_rejects_another_dtype_kind_and_any_nan():
+    f32 = np.array([1.0, 2.0], np.float32)
+    ex.same_arrays(f32.astype(np.float64), f32, rtol=1e-6)  # another precision, the same kind: fine
+    with pytest.raises(AssertionError, match="integer values"):
+        ex.same_arrays(np.array([1, 2]), f32, rtol=1e-6)
+    with pytest.raises(AssertionError, match="bool values"):
+        ex.same_arrays(np.array([True, True]), np.ones(2, np.float32), rtol=1e-6)
+    nan = np.array([np.nan, 1.0], np.float32)
+    with pytest.raises(AssertionError, match="NaN never agrees"):
+        ex.same_arrays(nan, nan, rtol=1e-6)
+    with pytest.raises(AssertionError, match="NaN"):
+        ex.same_arrays(nan, np.array([1.0, 1.0], np.float32), rtol=1e-6)
+    inf = np.array([np.inf, 1.0], np.float32)
+    ex.same_arrays(inf, inf, rtol=1e-6)  # the same infinity agrees
+    with pytest.raises(AssertionError, match="infinity"):
+        ex.same_arrays(-inf, inf, rtol=1e-6)
+
+
+def test_a_timed_check_outside_a_checkout_writes_nothing_into_the_current_folder(toy, tmp_path, monkeypatch):
+    monkeypatch.delenv("FASTJAX_MEASUREMENTS", raising=False)
+    monkeypatch.chdir(tmp_path)  # no _toc.yml at or above it
+    ex.check("method-toy", reference, repeats=1)
+    assert list(tmp_path.iterdir()) == [] and ex.recorded() == {}
+
+
+def raced(yours, reference, start):
+    """A Report whose race kept these rounds (seconds per call), its verdict by time made as check makes it."""
+    from fastjax.tools.timing import Timing
+
+    timings = {"yours": Timing("yours", yours), "reference": Timing("reference", reference),
+               "start": Timing("start", start)}
+    report = ex.Report("method-toy", right=True, seconds=float(np.median(yours)),
+                       reference_seconds=float(np.median(reference)), start_seconds=float(np.median(start)),
+                       structure=ex.Structure(0, 0), reference_structure=ex.Structure(0, 0), timings=timings)
+    report.by_time = ex._by_time(report)
+    return report
+
+
+def test_time_judges_by_rounds_so_that_one_noisy_round_cannot_give_a_verdict():
+    ref = [1.0, 1.0, 1.1]
+    assert raced([1.0, 1.1, 1.0], ref, [9.0, 10.0, 11.0]).by_time == "fine"
+    assert raced([9.0, 10.0, 9.5], ref, [9.0, 10.0, 11.0]).by_time == "slow"
+    # one slow round of the reference (4x) does not stop a far slower answer from being named slow...
+    assert raced([8.0, 10.0, 9.5], [1.0, 4.0, 1.1], [9.0, 10.0, 11.0]).by_time == "slow"
+    # ...and one slow round of a right answer does not make it slow
+    assert raced([1.0, 3.9, 1.1], ref, [9.0, 10.0, 11.0]).by_time == "fine"
+    # medians 2.5x apart: time cannot tell the reference from the start
+    assert raced([1.0, 1.0, 1.0], ref, [2.4, 2.5, 3.6]).by_time == "cannot tell"
+    # the answer's median is above the limit, but one of its rounds is not: neither slow nor fine
+    report = raced([1.2, 3.5, 3.6], ref, [9.0, 10.0, 11.0])
+    assert report.by_time == "cannot tell" and "fall on both sides" in report.text()

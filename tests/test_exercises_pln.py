@@ -69,7 +69,7 @@ def fit_state_not_carried(data, n_iter):  # a plausible mistake: the optimizer s
 
 def test_pln_1():
     assert_right_and_compiled_once("pln-1", code.fit_update_jitted_once)
-    assert_wrong("pln-1", fit_state_not_carried, "differs from the reference")
+    assert_wrong("pln-1", fit_state_not_carried, "differ from the reference's")
     report = assert_slow("pln-1", code.fit_new_optimizer_each_time, retraces=True)  # compiles the update every fit
     assert "jax.jit caches by function" in report.text()
 
@@ -83,7 +83,7 @@ def fit_scan_wrong_start(data, n_iter):  # S started at 1 instead of pyPLNmodels
 
 def test_pln_2():
     assert_right_and_compiled_once("pln-2", code.fit_scan)
-    assert_wrong("pln-2", fit_scan_wrong_start, "differs from the reference")
+    assert_wrong("pln-2", fit_scan_wrong_start, "differ from the reference's")
     # the starting program is 2-7x slower here, too close to judge under load; a retracing fit is slow for sure
     assert_slow("pln-2", retracing(code.fit_scan), retraces=True)
 
@@ -103,7 +103,7 @@ def fit_namedtuple_first_state_kept(data, n_iter):  # rebuilds the state by hand
 
 def test_pln_3():
     assert_right_and_compiled_once("pln-3", code.fit_with_namedtuple)
-    assert_wrong("pln-3", fit_namedtuple_first_state_kept, "differs from the reference")
+    assert_wrong("pln-3", fit_namedtuple_first_state_kept, "differ from the reference's")
     assert_slow("pln-3", retracing(code.fit_with_namedtuple), retraces=True)  # the start: 4-7x, too close
 
 
@@ -128,7 +128,9 @@ def fit_until_last_elbo_lost(data):  # appends each ELBO after the test: the las
 def test_pln_4():
     assert_right_and_compiled_once("pln-4", code.fit_until_in_program)
     assert_wrong("pln-4", fit_until_last_elbo_lost, "ELBOs, the reference")
-    assert_slow("pln-4", code.fit_until_host_check, retraces=False)  # 10x slower or more: 12-30x in our runs
+    report = assert_slow("pln-4", code.fit_until_host_check, retraces=False)  # 10x slower or more: 12-30x in our runs
+    # and whatever the clock says: the criterion read by Python at every iteration, counted
+    assert "host reads" in report.structural_misses and report.host_reads > 100, report.text()
 
 
 def test_answers_of_the_wrong_form_get_one_line():
@@ -159,3 +161,70 @@ def test_a_copy_of_the_starting_program_is_raced_once(tmp_path, monkeypatch):
     report = ex.check("pln-2", copy, repeats=1)  # pln-2 starts from fit_update_jitted_once
     assert report.right and report.start_seconds == report.seconds, report.text()
     assert "start" not in report.timings  # raced once, as the answer
+
+
+# ---------------------------------------------------------------- right answers written other ways (issue 38)
+
+TX = pln.optimizer()  # made once
+
+
+@jax.jit
+def _whole_step(params, opt_state, data):  # gradient and update in one jitted step, the optimizer made once
+    value, grads = jax.value_and_grad(pln.loss)(params, data)
+    updates, opt_state = TX.update(grads, opt_state, params)
+    return R.apply_fn(params, updates), opt_state, -value
+
+
+def fit_whole_step_jitted(data, n_iter):
+    params = pln.start(data)
+    opt_state = TX.init(params)
+    elbos = []
+    for _ in range(n_iter):
+        params, opt_state, elbo = _whole_step(params, opt_state, data)
+        elbos.append(elbo)
+    return params, jnp.stack(elbos)
+
+
+def fit_update_not_jitted(data, n_iter):  # the optimizer made once, but tx.update runs op by op
+    params = pln.start(data)
+    opt_state = TX.init(params)
+    elbos = []
+    for _ in range(n_iter):
+        value, grads = R.grad_fn(params, data)
+        updates, opt_state = TX.update(grads, opt_state, params)
+        params = R.apply_fn(params, updates)
+        elbos.append(-value)
+    return params, jnp.stack(elbos)
+
+
+def test_pln_1_a_whole_jitted_step_passes_on_its_compilations():
+    report = ex.check("pln-1", fit_whole_step_jitted, repeats=1)
+    assert report.right and report.compiles == 0 and not report.structural_misses, report.text()
+
+
+def test_pln_1_the_hint_tells_an_optimizer_made_per_call_from_an_update_left_unjitted():
+    report = ex.check("pln-1", code.fit_new_optimizer_each_time, repeats=1)
+    assert report.structural_misses == ["compiles"] and "(jit(update_fn))" in report.text()
+    assert "makes its optimizer" in report.text() and "runs op by op" not in report.text()
+    report = ex.check("pln-1", fit_update_not_jitted, repeats=1)
+    assert report.right and report.compiles == 0, report.text()  # made once: nothing compiles again
+    # its verdict rests on time; when time says slow, the hint names what is left (deterministic here)
+    timed = ex.Report("pln-1", right=True, structure=ex.Structure(0, 0), reference_structure=ex.Structure(0, 0),
+                      by_time="slow", hint=ex.get("pln-1").slow_hint, hints=ex.get("pln-1").slow_hints)
+    assert "runs op by op" in timed.text() and "makes its optimizer" not in timed.text()
+
+
+@jax.jit
+def _fori_fit(params, data):  # pln-2 written another way: fori_loop writing the ELBOs into a buffer
+    def body(i, state):
+        params, opt_state, elbos = state
+        value, grads = jax.value_and_grad(pln.loss)(params, data)
+        updates, opt_state = TX.update(grads, opt_state, params)
+        return R.apply_fn(params, updates), opt_state, elbos.at[i].set(-value)
+    buffer = jnp.zeros(N_ITER, params[0].dtype)
+    params, _, elbos = jax.lax.fori_loop(0, N_ITER, body, (params, TX.init(params), buffer))
+    return params, elbos
+
+
+def test_pln_2_a_fori_loop_is_right_and_compiles_once():
+    assert_right_and_compiled_once("pln-2", lambda data, n_iter: _fori_fit(pln.start(data), data))

@@ -53,7 +53,7 @@ def loss_fitted_values(params, data):  # a plausible mistake: R = H M (the fitte
 
 def test_tools_1():
     assert_right_and_compiled_once("tools-1", code.loss_with_coefficients)
-    assert_wrong("tools-1", loss_fitted_values, "differs from the reference")
+    assert_wrong("tools-1", loss_fitted_values, "differ from the reference's")
     report = assert_slow("tools-1", code.loss_with_hat_matrix, retraces=False)  # 25-30x slower in our runs
     assert "n × n" in report.text()
 
@@ -75,7 +75,39 @@ def criterion_derivative_path(elbos, count):  # a plausible mistake: the smoothe
 def test_tools_2():
     assert_right_and_compiled_once("tools-2", code.criterion_path_scan)
     assert_wrong("tools-2", criterion_derivative_path, "criterion values")
-    assert_slow("tools-2", code.criterion_path_unrolled, retraces=True)  # a new count, a new program
+    report = assert_slow("tools-2", code.criterion_path_unrolled, retraces=True)  # a new count, a new program
+    assert report.structural_misses == ["compiles"] and "(jit(criterion_path_unrolled))" in report.text()
+
+
+def eager_slice_on_the_jax_array(elbos, count):  # issue 38: right, was called slow (the eager slice compiles)
+    return code.criterion_path_all(elbos)[:count]
+
+
+@jax.jit
+def _criterion_fori(elbos):  # right, written another way: fori_loop writing into a buffer, not scan
+    def body(i, state):
+        crit, out = state
+        crit = pln.criterion_update(crit, elbos[i])
+        return crit, out.at[i].set(crit.value)
+    start = pln.criterion_start(elbos.dtype)
+    return jax.lax.fori_loop(0, elbos.shape[0], body, (start, jnp.zeros(elbos.shape, start.value.dtype)))[1]
+
+
+def fori_then_slice(elbos, count):
+    return _criterion_fori(elbos)[:count]
+
+
+def test_tools_2_right_answers_written_other_ways_pass_on_their_compilations():
+    for right in (code.criterion_path_scan, eager_slice_on_the_jax_array, fori_then_slice):
+        report = ex.check("tools-2", right, repeats=1)
+        assert report.right and report.compiles == 0 and not report.structural_misses, (right.__name__, report.text())
+        assert report.passed or report.by_time == "slow", report.text()
+
+
+def test_tools_4_the_callback_reads_every_elbo_in_python():
+    report = ex.check("tools-4", code.fit_logged, repeats=1)
+    assert report.right and report.slow and "host reads" in report.structural_misses, report.text()
+    assert report.host_reads >= code.N_ELBOS and "Python read a device value" in report.text()
 
 
 # ---------------------------------------------------------------- tools-3

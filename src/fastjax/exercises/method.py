@@ -9,7 +9,6 @@ timed as in every part.
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from typing import Any, Callable
@@ -18,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastjax.exercises import Exercise, method_code as code, register, same_arrays
+from fastjax.exercises import Exercise, method_code as code, register, same_arrays, unseen
 
 PAGE = "chapters/practice-method"
 # A right timer agrees with the reference's within this factor. The two measure the same program one
@@ -47,16 +46,111 @@ def _seconds(value: Any, what: str) -> float:
     return out
 
 
+# The timers' second test, deterministic: a fake program (``FakeProgram``) whose calls return at once and whose
+# work, queued as on a device, lasts PROBE_SECONDS, and PROBE_OUTLIER_SECONDS on every PROBE_EVERY-th call. The
+# check counts which results the timer waited for before its next call, and reads what it reports: a median
+# of waited calls lands at PROBE_SECONDS plus sleep overshoot (1.0-1.2x measured on the busy machine); a mean,
+# or a timer that waits only after its last call, at 1 + (20 − 1) / 4 = 5.75x. PROBE_BAND, their geometric
+# middle, is 2.4x from both.
+PROBE_SECONDS, PROBE_OUTLIER_SECONDS, PROBE_EVERY = 0.004, 0.08, 4
+PROBE_BAND = 2.4
+# What a timer's mistakes report on the fake program: milliseconds for seconds, 1000x (a window of 2x either
+# side); the total of its calls instead of one call's time (within 1.25x of the work of the calls it timed,
+# which the fake program knows exactly; a median or a mean lands 3x or more below it from 3 calls on).
+UNITS_WINDOW = (500.0, 2000.0)
+TOTAL_BAND = 1.25
+
+
+class FakeProgram:
+    """A program that runs as on a device: a call returns at once, its work queued after the work of the
+    calls before it; waiting for a result (``jax.block_until_ready``, ``.block_until_ready()``,
+    ``np.asarray``) sleeps until that work is done. It keeps each call's work and which results were
+    waited for before the next call."""
+
+    def __init__(self) -> None:
+        self.work: list[float] = []
+        self.waited_in_time: set[int] = set()
+        self.last_waited = False
+        self._queue_end = 0.0
+
+    def __call__(self, x: Any) -> "_FakeResult":
+        now = time.perf_counter()
+        work = PROBE_OUTLIER_SECONDS if len(self.work) % PROBE_EVERY == PROBE_EVERY - 1 else PROBE_SECONDS
+        self._queue_end = max(now, self._queue_end) + work
+        self.work.append(work)
+        self.last_waited = False
+        return _FakeResult(self, len(self.work) - 1, self._queue_end)
+
+    def last_waited_only(self) -> bool:
+        """Whether the last call's result was waited for, and hardly any before it."""
+        return self.last_waited and len(self.waited_in_time) <= 2
+
+
+class _FakeResult:
+    def __init__(self, program: FakeProgram, index: int, done: float) -> None:
+        self.program, self.index, self.done = program, index, done
+
+    def block_until_ready(self) -> "_FakeResult":
+        if len(self.program.work) == self.index + 1:  # no call made after this one yet
+            self.program.waited_in_time.add(self.index)
+            self.program.last_waited = True
+        left = self.done - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+        return self
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        self.block_until_ready()
+        return np.zeros((), dtype=dtype or np.float32)
+
+
+def _timer_and_probe(answer: Callable[..., Any], args: tuple) -> tuple:
+    """What the timer says of the exercise's program, and of a fresh :class:`FakeProgram` (with the same
+    input): ``(seconds, (fake seconds, the fake program))``."""
+    seconds = answer(*args)
+    fake = FakeProgram()
+    return seconds, (answer(fake, args[1]), fake)
+
+
 def _same_timer(got: Any, want: Any) -> None:
+    (got, (probe, fake)), (want, _) = got, want
     got_s, want_s = _seconds(got, "your timer's answer (seconds per call)"), _seconds(want, "the reference's answer")
+    probe_s = _seconds(probe, "your timer's answer (seconds per call)")
+    calls = len(fake.work)
+    not_waited = calls - len(fake.waited_in_time)
+    if not_waited > 1:  # one call may go unwaited: an untimed first call that compiles
+        raise AssertionError(
+            f"your timer waited for {len(fake.waited_in_time)} of its {calls} calls before making the next "
+            + ("(only the last one). The calls before it overlap, and their time is a total, split evenly: "
+               "wait for every call inside the clock, then take the median." if fake.last_waited_only() else
+               "one. JAX returns from a call before its result exists: wait for each (jax.block_until_ready) "
+               "before you stop the clock.")
+            + f" (The check times it on a program that queues its work as a device does; it counts the waits.)")
     ratio = got_s / want_s
     says = f"your timer says {got_s * 1e3:.3g} ms per call, the reference's timer {want_s * 1e3:.3g} ms"
+    probe_ratio = probe_s / PROBE_SECONDS
+    if UNITS_WINDOW[0] <= probe_ratio <= UNITS_WINDOW[1] or UNITS_WINDOW[0] <= ratio <= UNITS_WINDOW[1]:
+        raise AssertionError(f"{says}: about {ratio:.0f}× too high. Units? The check expects seconds; "
+                             "milliseconds are 1000 times more.")
+    timed = [sum(fake.work), sum(fake.work[1:])]  # every call, or all but an untimed first
+    if calls >= 3 and any(1 / TOTAL_BAND <= probe_s / total <= TOTAL_BAND for total in timed):
+        raise AssertionError(f"{says}: {ratio:.1f}× too high. A total, not per call: divide by the number of "
+                             "calls (or take the median of the calls' times).")
     if ratio < 1 / TIMER_BAND:
         raise AssertionError(f"{says}: {1 / ratio:.0f}× too low. The clock stopped before the work was done: "
                              "JAX returns from a call before its result exists.")
     if ratio > TIMER_BAND:
         raise AssertionError(f"{says}: {ratio:.0f}× too high. Something besides the calls was timed, such as "
                              "the first call, which traces and compiles.")
+    if probe_ratio > PROBE_BAND:
+        raise AssertionError(
+            f"on a program whose calls take {PROBE_SECONDS * 1e3:g} ms, and {PROBE_OUTLIER_SECONDS * 1e3:g} ms every "
+            f"{PROBE_EVERY}th call, your timer says {probe_s * 1e3:.3g} ms per call: {probe_ratio:.1f}× the typical "
+            "call. A mean: one slow call (another process, a page fault) pulls it; take the median of the calls' times.")
+    if probe_ratio < 1 / PROBE_BAND:
+        raise AssertionError(
+            f"on a program whose calls take {PROBE_SECONDS * 1e3:g} ms your timer says {probe_s * 1e3:.3g} ms per call: "
+            "the clock stopped before the work was done.")
 
 
 def _same_race(got: Any, want: Any) -> None:
@@ -92,14 +186,16 @@ register(Exercise(
     name="method-1", title="Wait for the result", part="Method", page=PAGE,
     skill="time the work, not the dispatch (block_until_ready)", minutes=10,
     arguments=_chain_arguments, reference=code.seconds_per_call, same=_same_timer, start=None, timed=False,
-    wrong_hint="wait for each timed call's result (jax.block_until_ready) before you stop the clock, and call "
-               "once before timing, so that the compile stays out",
+    run=_timer_and_probe,
+    wrong_hint="wait for each timed call's result (jax.block_until_ready) before you stop the clock, call "
+               "once before timing, so that the compile stays out, and return the median of the calls' seconds",
 ))
 
 register(Exercise(
     name="method-2", title="Leave the compile out", part="Method", page=PAGE,
     skill="keep the compile out of a timing; measure it apart", minutes=15,
     arguments=_fresh_deep_chain, reference=code.seconds_per_call, same=_same_timer, start=None, timed=False,
+    run=_timer_and_probe,
     wrong_hint="the check hands your timer a function that has not been compiled yet: call it once before "
                "you start the clock, and wait for every timed call",
 ))
@@ -108,9 +204,9 @@ register(Exercise(
 # ---------------------------------------------------------------- method-3: one shape for every batch
 
 FIXED_ROWS = (512, 300, 37, 129)  # the batches compared with the reference's scores
-# Sizes of the one batch per run that is new to the program (its score is not compared, only timed):
-# 200 to 511 rows, round robin, so that a program that compiles per shape compiles at every run.
-_new_rows = itertools.cycle([r for r in range(200, code.MAX_ROWS) if r not in FIXED_ROWS])
+# Sizes of the batch the structural count gives an answer, one new to it per check (``unseen``), so that a
+# program that compiles per shape compiles on it: 200 to 511 rows, then the smaller ones.
+NEW_ROWS = tuple(r for r in (*range(200, code.MAX_ROWS), *range(1, 200)) if r not in FIXED_ROWS)
 
 
 def _batches() -> tuple:
@@ -120,14 +216,18 @@ def _batches() -> tuple:
 def _score_stream(answer: Callable[..., Any], args: tuple) -> Any:
     (batches,) = args
     scores = [answer(b) for b in batches]
-    jax.block_until_ready(answer(code.stream_batches([next(_new_rows)], seed=1)[0]))  # a batch of a new size
     return jnp.stack([jnp.asarray(s, dtype=jnp.float32).reshape(()) for s in scores])
+
+
+def _score_new_size(answer: Callable[..., Any], args: tuple) -> Any:
+    return answer(code.stream_batches([unseen(answer, NEW_ROWS)], seed=1)[0])  # a batch of a new size
 
 
 register(Exercise(
     name="method-3", title="One shape for every batch", part="Method", page=PAGE,
     skill="pad to one shape, so that jit compiles once", minutes=20,
     arguments=_batches, reference=code.score_padded, start=code.score_each_shape, run=_score_stream,
+    probe=_score_new_size,
     # float32 sums of a few hundred log-sum-exps, in other orders: a few ulps (3e-7 measured); a row
     # left out or a padded row counted moves a score by 1e-4 or more (tests/test_exercises_method.py)
     same=lambda got, want: same_arrays(got, want, rtol=1e-5, what="the scores of the batches"),
@@ -135,6 +235,7 @@ register(Exercise(
                "first `rows` rows) and divide by the true number of rows, not by MAX_ROWS",
     slow_hint="a batch with a new number of rows is a new shape, and jit traces and compiles again; pad every "
               "batch to MAX_ROWS rows on the host and pass the number of rows as an argument",
+    witness=("compiles",),
     repeats=3,
 ))
 

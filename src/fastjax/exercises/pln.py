@@ -60,6 +60,13 @@ register(Exercise(
     slow_hint="pln.optimizer() returns a new update function at each call, and jax.jit caches by function: a "
               "fit that makes its optimizer and jits its update compiles it again. Make both once, outside "
               "the fit (chapters/pln/02-jit)",
+    witness=("compiles",),
+    slow_hints={"compiles": "pln.optimizer() returns a new update function at each call, and jax.jit caches by "
+                            "function: a fit that makes its optimizer (or jits a step) inside compiles it again. "
+                            "Make the optimizer and the jitted step once, outside the fit (chapters/pln/02-jit)",
+                "time": "nothing compiles again, so the optimizer is made once; but the update runs op by op: "
+                        "jit the whole step, gradient and tx.update together (jax.jit of a function that calls "
+                        "both), once, outside the fit (chapters/pln/02-jit)"},
     repeats=2,  # the starting program compiles at every call: two rounds say so
 ))
 
@@ -101,5 +108,6 @@ register(Exercise(
     slow_hint="one jitted lax.while_loop whose state holds the parameters, the optimizer state, the criterion "
               "and the ELBOs (a buffer of pln.MAXITER), and whose condition tests the criterion: no Python "
               "between iterations (rung 3's fit_until_converged, chapters/pln/03-scan)",
+    witness=("host reads",),  # the starting program reads the criterion (float()) at every iteration
     repeats=2,  # the starting program is 10x slower or more: two rounds say so
 ))

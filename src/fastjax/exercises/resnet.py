@@ -122,6 +122,7 @@ register(Exercise(
     wrong_hint="evaluate with model.eval() (BatchNorm's running statistics), then model.train() again",
     slow_hint="a function defined inside the call is a new function each time, and JAX compiles it again: "
               "make the nnx.jit once, outside the function",
+    witness=("compiles",),
     repeats=3,
 ))
 
