@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import collections
 import multiprocessing
-import os
 import sys
 import time
 
@@ -46,11 +45,13 @@ def main() -> int:
     parser.add_argument("--busy", type=int, default=0, help="processes that keep a core busy beside the checks")
     parser.add_argument("--devices", type=int, default=0, help="simulated CPU devices (Part IV's pages use 8)")
     args = parser.parse_args()
-    if args.devices:
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                   f" --xla_force_host_platform_device_count={args.devices}").strip()
 
     import fastjax  # noqa: F401  (before JAX starts)
+
+    if args.devices:  # as Part IV's pages ask for them (two XLA threads per device: see use_cpu_devices)
+        from fastjax.scale import sharding
+
+        sharding.use_cpu_devices(args.devices)
     from fastjax import exercises as ex
 
     chosen = [e for e in ex.all_exercises() if e.timed and e.start is not None]
