@@ -104,6 +104,17 @@ def test_tools_2_right_answers_written_other_ways_pass_on_their_compilations():
         assert report.passed or report.by_time == "slow", report.text()
 
 
+def test_tools_2_a_process_that_used_every_new_count_still_counts_the_compiles(monkeypatch):
+    # 20 checks of the start and 20 of the reference in one process used up the 46 new counts (the reference
+    # was then called WRONG 7 times in 20); now the caches are cleared and the counts start over
+    from fastjax.exercises import tools as practice
+
+    monkeypatch.setattr(practice, "NEW_COUNTS", (49, 50))  # counts no other test asks for
+    compiles = [ex.structure("tools-2", code.criterion_path_unrolled).compiles for _ in range(3)]
+    assert all(c >= 1 for c in compiles), compiles  # the third call is past the two counts: it starts over
+    assert ex.structure("tools-2", code.criterion_path_scan).compiles == 0
+
+
 def test_tools_4_the_callback_reads_every_elbo_in_python():
     report = ex.check("tools-4", code.fit_logged, repeats=1)
     assert report.right and report.slow and "host reads" in report.structural_misses, report.text()
