@@ -168,11 +168,24 @@ def fit_pyplnmodels(data: pln.PlnData, dtype: str = "float32", maxiter: int = pl
 
     model = Pln(np.asarray(data.counts), offsets=np.asarray(data.offsets), exog=np.asarray(data.covariates),
                 add_const=False)
+    seconds, elbos = fit_quietly(model, data, dtype, maxiter, tol)
+    return model, seconds, elbos, np.asarray(model._time_recorder.running_times)
+
+
+def fit_quietly(model: Any, data: pln.PlnData, dtype: str, maxiter: int, tol: float,
+                start: tuple[str, ...] = ()) -> tuple[float, np.ndarray]:
+    """``model.fit()`` of a pyPLNmodels model, its printing silenced, in float32 (its own) or float64 (its
+    data, and the start tensors named in ``start``, cast; torch's default dtype float64 meanwhile, as
+    pyPLNmodels makes some tensors with it): (seconds, the ELBO before each update)."""
+    import torch
+
     old = torch.get_default_dtype()
     if dtype == "float64":
         torch.set_default_dtype(torch.float64)  # pyPLNmodels makes S with torch.ones: the default dtype
         for name, value in (("_endog", data.counts), ("_exog", data.covariates), ("_offsets", data.offsets)):
             setattr(model, name, torch.from_numpy(np.asarray(value, np.float64)))
+        for name in start:
+            setattr(model, name, getattr(model, name).detach().double())
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             t0 = time.perf_counter()
@@ -180,8 +193,7 @@ def fit_pyplnmodels(data: pln.PlnData, dtype: str = "float32", maxiter: int = pl
             seconds = time.perf_counter() - t0
     finally:
         torch.set_default_dtype(old)
-    elbos = np.array([float(e) for e in model._elbo_criterion_monitor.elbo_list])
-    return model, seconds, elbos, np.asarray(model._time_recorder.running_times)
+    return seconds, np.array([float(e) for e in model._elbo_criterion_monitor.elbo_list])
 
 
 def pyplnmodels_elbo64(model: Any, data: pln.PlnData) -> float:

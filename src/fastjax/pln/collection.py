@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import time
 import warnings
 from typing import Any, NamedTuple
 
@@ -145,23 +144,10 @@ def fit_pyplnmodels_pca(model: Any, data: pln.PlnData, dtype: str = "float32", m
                         tol: float = pln.TOL) -> tuple[float, np.ndarray]:
     """``model.fit()`` quietly from the start ``pyplnmodels_pca`` drew, in float32 (its own) or float64 (its
     data and start cast): (seconds, the ELBO before each update)."""
-    import torch
+    from fastjax.pln.bench import fit_quietly
 
-    old = torch.get_default_dtype()
-    if dtype == "float64":
-        torch.set_default_dtype(torch.float64)
-        for name, value in (("_endog", data.counts), ("_exog", data.covariates), ("_offsets", data.offsets)):
-            setattr(model, name, torch.from_numpy(np.asarray(value, np.float64)))
-        for name in ("_latent_mean", "_latent_sqrt_variance", "_components", "_coef"):
-            setattr(model, name, getattr(model, name).detach().double())
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            t0 = time.perf_counter()
-            model.fit(maxiter=maxiter, tol=tol)
-            seconds = time.perf_counter() - t0
-    finally:
-        torch.set_default_dtype(old)
-    return seconds, np.array([float(e) for e in model._elbo_criterion_monitor.elbo_list])
+    return fit_quietly(model, data, dtype, maxiter, tol,
+                       start=("_latent_mean", "_latent_sqrt_variance", "_components", "_coef"))
 
 
 def pyplnmodels_collection(data: pln.PlnData, ranks: Any) -> Any:
