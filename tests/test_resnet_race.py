@@ -221,3 +221,25 @@ def test_threads_sets_both_sides_before_jax_starts(tmp_path):
     assert threads["torch"] == 1 and threads["xla"] in (1, None)  # None: no /proc to count XLA's threads in
     bad = subprocess.run(cmd[:4] + ["0"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--threads must be at least 1" in bad.stderr
+
+
+def test_the_race_checks_the_faster_floor_in_float64(floor64):
+    # chapters/resnet/08-pytorch.md checks Part V's floor this way before it races
+    assert B.check_faster_floor(CONFIG, BATCH, floor64) < ladder.WEIGHT_ATOL_F64
+
+
+def test_the_float64_check_fails_a_faster_floor_that_drifts(floor64, monkeypatch):
+    # a step that adds 1e-6 to one weight each step: far below float32's drift, far above float64's rounding
+    real = B.FL.faster_floor_step
+
+    def drifting(graphdef, treedef):
+        step = real(graphdef, treedef)
+
+        def run(leaves, x, y):
+            leaves, loss = step(leaves, x, y)
+            return [leaves[0] + 1e-6, *leaves[1:]], loss
+        return run
+
+    monkeypatch.setattr(B.FL, "faster_floor_step", drifting)
+    with pytest.raises(AssertionError, match="Not equal to tolerance"):
+        B.check_faster_floor(CONFIG, BATCH, floor64)

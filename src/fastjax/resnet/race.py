@@ -211,6 +211,27 @@ def check_torch_way(name: str, config: ResNetConfig, batch: int, ref64: Any = No
     return T.check_same_training(run, ref64, config, batch, what=name)
 
 
+def check_faster_floor(config: ResNetConfig, batch: int, ref64: Any = None, seed: int = 0) -> float:
+    """Raise an AssertionError (``ladder.assert_same_weights``) unless Part V's floor, trained in float64 for
+    ``torch_twin.CHECK_STEPS`` steps from the weights of ``make_model(config, seed)``, ends with the weights
+    (running statistics included) of Part II's floor in float64 (``ref64``: ``torch_twin.jax_float64_run``,
+    made here when None); return the largest parameter difference."""
+    from fastjax.resnet import ladder
+    from fastjax.resnet import torch_twin as T
+
+    xs, ys = training_batches(T.CHECK_STEPS, batch)
+    ref64 = ref64 if ref64 is not None else T.jax_float64_run(config, xs, ys, seed)
+    with jax.enable_x64(True):
+        model = resnet_nnx.make_model(config, seed)
+        graphdef, treedef, leaves = R.floor_start(model, nnx.Optimizer(model, R.TX, wrt=nnx.Param))
+        step = jax.jit(FL.faster_floor_step(graphdef, treedef))
+        leaves = ladder.to_float64(leaves)
+        for x, y in zip(xs, ys):
+            leaves, _ = step(leaves, jnp.asarray(x, jnp.float64), jnp.asarray(y))
+        ours = resnet_nnx.weights(nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))[0])
+    return ladder.assert_same_weights(ours, ref64.weights, FASTER_FLOOR)
+
+
 def _torch_contender(config: ResNetConfig, seed: int, mode: str | None, name: str = TORCH_EAGER) -> Contender:
     """A PyTorch contender: ``name`` (of ``TORCH_WAYS``) as :func:`torch_way` writes it when ``mode`` is None, else
     ``torch.compile(model, mode=...)`` of the twin as first written (the model compiled, Adam eager)."""
