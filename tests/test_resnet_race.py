@@ -163,8 +163,9 @@ def test_race_ratios_reads_the_issues_figures():
 
 def test_conv_kernels_times_each_stage_on_each_side():
     t = B.conv_kernels(CONFIG, BATCH, repeats=1)
-    assert len(t) == 2 * 3 * 2  # stages × sides × directions
+    assert len(t) == 2 * 4 * 2  # stages × sides × directions
     assert "PyTorch backward, stage 1 (4×4, 8 channels)" in t and "Part V patches forward, stage 0 (8×8, 4 channels)" in t
+    assert "PyTorch channels_last forward, stage 1 (4×4, 8 channels)" in t
 
 
 def test_jitted_accuracies_match_the_eager_ones():

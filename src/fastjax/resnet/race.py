@@ -744,7 +744,8 @@ def conv_kernels(config: ResNetConfig | None = None, batch: int | None = None, r
     images of 8, 4, 2 pixels a side, ``width·2ˢ`` channels) on ``batch`` images, forward and backward (the
     gradients of input and kernel, given the output's), on each side, timed in turns: XLA's convolution
     (``lax.conv_general_dilated``, NHWC, what Part II's floor runs), Part V's patches product
-    (``floor.conv_as_matmul``), and PyTorch's ``F.conv2d`` (oneDNN; its backward alone, the graph kept).
+    (``floor.conv_as_matmul``), and PyTorch's ``F.conv2d`` (oneDNN; its backward alone, the graph kept), in
+    NCHW as first written and in ``channels_last`` as PyTorch tuned runs it.
     Keys: ``"<side> <direction>, stage s (h×h, c channels)"``."""
     import torch
     import torch.nn.functional as F
@@ -768,16 +769,17 @@ def conv_kernels(config: ResNetConfig | None = None, batch: int | None = None, r
             bwd = jax.jit(lambda x_, k_, g_, conv=conv: jax.vjp(conv, x_, k_)[1](g_))
             fns[f"{name} forward, {where}"] = lambda f=fwd, a=xj, b=kj: f(a, b)
             fns[f"{name} backward, {where}"] = lambda f=bwd, a=xj, b=kj, d=gj: f(a, b, d)
-        xt = torch.tensor(x.transpose(0, 3, 1, 2)).contiguous().requires_grad_(True)
-        kt = torch.tensor(k.transpose(3, 2, 0, 1)).contiguous().requires_grad_(True)
-        gt = torch.tensor(g.transpose(0, 3, 1, 2)).contiguous()
-        yt = F.conv2d(xt, kt, padding=1)
+        for name, fmt in (("PyTorch", torch.contiguous_format), ("PyTorch channels_last", torch.channels_last)):
+            xt = torch.tensor(x.transpose(0, 3, 1, 2)).contiguous(memory_format=fmt).requires_grad_(True)
+            kt = torch.tensor(k.transpose(3, 2, 0, 1)).contiguous(memory_format=fmt).requires_grad_(True)
+            gt = torch.tensor(g.transpose(0, 3, 1, 2)).contiguous(memory_format=fmt)
+            yt = F.conv2d(xt, kt, padding=1)
 
-        def torch_fwd(xt=xt, kt=kt):
-            with torch.no_grad():
-                return F.conv2d(xt, kt, padding=1)
+            def torch_fwd(xt=xt, kt=kt):
+                with torch.no_grad():
+                    return F.conv2d(xt, kt, padding=1)
 
-        fns[f"PyTorch forward, {where}"] = torch_fwd
-        fns[f"PyTorch backward, {where}"] = lambda yt=yt, xt=xt, kt=kt, gt=gt: torch.autograd.grad(
-            yt, (xt, kt), gt, retain_graph=True)
+            fns[f"{name} forward, {where}"] = torch_fwd
+            fns[f"{name} backward, {where}"] = lambda yt=yt, xt=xt, kt=kt, gt=gt: torch.autograd.grad(
+                yt, (xt, kt), gt, retain_graph=True)
     return time_interleaved(fns, repeats)
