@@ -56,3 +56,17 @@ def test_the_ensemble_trains_each_member_as_its_twin_alone_and_a_wrong_one_fails
     monkeypatch.setattr(SW.TorchEnsemble, "__init__", lambda self, models, lr: original(self, models, 1.01 * lr))
     with pytest.raises(T.NotTheSameTraining, match="member 0"):  # the ensemble at a learning rate 1 % off
         SW.check_ensemble(w0, CONFIG, BATCH, xs, ys, R.LEARNING_RATE)
+
+
+def test_the_races_four_ways_train_every_member_and_carry_their_state():
+    xs, ys = ladder.training_batches(1, BATCH)
+    ways = SW.sweep_ways(CONFIG, SEEDS, xs[0], ys[0])
+    assert set(ways) == {SW.ONE_PROGRAM, SW.JAX_LOOP, SW.TORCH_FUNC, SW.TORCH_LOOP}
+    first = {name: np.asarray(way()) for name, way in ways.items()}
+    second = {name: np.asarray(way()) for name, way in ways.items()}
+    # every member's loss from the one-program ways, the last member's from the loops (each checked to train
+    # as the floor alone, in float64, by the tests above)
+    assert first[SW.ONE_PROGRAM].shape == first[SW.TORCH_FUNC].shape == (len(SEEDS),)
+    assert first[SW.JAX_LOOP].shape == first[SW.TORCH_LOOP].shape == ()
+    assert all(np.all(np.isfinite(v)) for v in first.values())
+    assert all(not np.allclose(first[n], second[n]) for n in ways)  # the second call trained on from the first

@@ -100,3 +100,40 @@ def check_ensemble(weights0, config, batch: int, xs, ys, lr: float) -> float:
                                            f"where float64 rounding allows {np.min(allowed):.2e}")
             worst = max(worst, float(np.max(gap / np.maximum(allowed, np.finfo(np.float64).tiny))))
     return worst
+
+ONE_PROGRAM, JAX_LOOP = "JAX: one program (vmap)", "JAX: K runs, one after another"
+TORCH_FUNC, TORCH_LOOP = "PyTorch: torch.func ensemble", "PyTorch tuned: K runs, one after another"
+
+
+def sweep_ways(config: ResNetConfig, seeds, images, labels) -> dict:
+    """The race's four ways to train the members ``seeds`` one step each on the batch ``images, labels``
+    (NumPy, NHWC), as callables of no argument that carry their members' state from call to call and
+    return the last losses: JAX's one program, JAX's floor once per member, the ``torch.func`` ensemble,
+    and PyTorch tuned (``race.torch_way``) once per member. The PyTorch ways need torch."""
+    from fastjax.resnet import race as resnet_race
+    from fastjax.resnet.resnet_nnx import weights
+
+    x, y = jnp.asarray(images), jnp.asarray(labels)
+    graphdef, treedef, stacked = sweep_start(config, seeds)
+    one_program = jax.jit(sweep_step(graphdef, treedef))
+    one_step = jax.jit(R.floor_step(graphdef, treedef))
+    box = {"stacked": stacked, "members": [member(stacked, k) for k in range(len(seeds))]}
+
+    def jax_one_program():
+        box["stacked"], losses = one_program(box["stacked"], x, y)
+        return losses
+
+    def jax_loop():
+        out = [one_step(leaves, x, y) for leaves in box["members"]]
+        box["members"] = [leaves for leaves, _ in out]
+        return out[-1][1]
+
+    w0 = [weights(make_model(config, seed)) for seed in seeds]
+    ensemble = TorchEnsemble([T.from_weights(w, config) for w in w0], R.LEARNING_RATE)
+    timages, tlabels = T.to_torch(images, labels)
+    prepare, make_optimizer, tuned_step = resnet_race.torch_way(resnet_race.TORCH_TUNED)
+    tuned = [prepare(T.from_weights(w, config)) for w in w0]
+    tuned = [(m, make_optimizer(m.parameters())) for m in tuned]
+    return {ONE_PROGRAM: jax_one_program, JAX_LOOP: jax_loop,
+            TORCH_FUNC: lambda: ensemble.step(timages, tlabels),
+            TORCH_LOOP: lambda: [tuned_step(m, o, timages, tlabels) for m, o in tuned][-1]}
