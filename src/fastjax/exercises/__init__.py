@@ -2,7 +2,7 @@
 answer computes the right thing and how fast it runs next to the reference solution, on this machine.
 
 Each part registers its exercises in a module of this package (``method``, ``pln``, ``resnet``,
-``tools``, ``scale``, ``floor``, ``capstone``), loaded when one of its exercises is first asked for.
+``tools``, ``scale``, ``floor``, ``many``, ``capstone``), loaded when one of its exercises is first asked for.
 An :class:`Exercise` says how to build fresh arguments for one call (``arguments``), how to run an
 answer on them (``run``; by default ``answer(*arguments)``), the reference solution and the program
 the participant starts from (both written in the exercise's page), and how to compare a result with
@@ -57,7 +57,7 @@ from fastjax.tools import timing
 
 # A part's prefix in an exercise's name -> the module of this package that registers its exercises.
 PARTS = {"method": "method", "pln": "pln", "resnet": "resnet", "tools": "tools", "scale": "scale",
-         "floor": "floor", "capstone": "capstone"}
+         "floor": "floor", "many": "many", "capstone": "capstone"}
 # An answer counts as slow when its median passes the reference's by this factor. Two timings of the
 # same program taken in turns on a quiet 2-core CPU differ by up to about 20 % (medians of 5 rounds,
 # chapters/measuring.md); 1.5 leaves room for that and for a busy machine's noise, and still names an
