@@ -113,6 +113,62 @@ def unpad(params: PcaParams, rank: int) -> PcaParams:
                      np.asarray(params.components)[:, :rank], np.asarray(params.coef))
 
 
+def member_criteria(params: PcaParams, elbos: Any, crit: pln.Criterion, masks: Any, data: pln.PlnData) -> dict[str, Any]:
+    """Each member's ELBO, BIC and ICL from a collection program's output (NumPy float64): a member's ELBO
+    is the one its loop recorded before its last update (at ``crit.count − 1``), as pyPLNmodels reports it."""
+    counts = np.asarray(crit.count)
+    elbo = np.asarray(elbos, np.float64)[np.arange(counts.size), counts - 1]
+    s, masks = np.asarray(params.s, np.float64), np.asarray(masks, np.float64)
+    return {"ELBO": elbo, **criteria(elbo, s, masks, data.counts.shape[1], data.covariates.shape[1], np)}
+
+
+def pca_elbo_condition(params: PcaParams, data: pln.PlnData, mask: Any) -> float:
+    """How much the PLN-PCA ELBO's terms cancel, as ``pln.elbo_condition``: the sum of their magnitudes over
+    |ELBO|, in float64. The log-intensity ``L = O + XB + MCᵀ`` counts with the magnitudes of its products
+    (``|O| + |X||B| + |M||C|ᵀ``), and ``A = exp(L + ½ S²(C∘C)ᵀ)`` with ``A`` times its argument's magnitude
+    (``exp`` turns an absolute error of its argument into a relative error of its value). Any order of
+    adding the ``n·p`` outer terms, each a sum of ``d + q + 2`` products, is then off by at most
+    ``(n·p + d + q + 2)·u`` times this condition times |ELBO| (Higham §4.2)."""
+    p64 = PcaParams(*(np.asarray(a, np.float64) for a in params))
+    mask = np.asarray(mask, np.float64)
+    y, o, x = (np.asarray(a, np.float64) for a in data[:3])
+    m, c, s2 = p64.m * mask, p64.components * mask, (p64.s * mask) ** 2
+    l_abs = np.abs(o) + np.abs(x) @ np.abs(p64.coef) + np.abs(m) @ np.abs(c).T
+    variance = 0.5 * (s2 @ (c * c).T)
+    a = np.exp(o + x @ p64.coef + m @ c.T + variance)
+    log_s2 = np.where(mask > 0, s2, 1.0)
+    magnitude = (np.sum(y * l_abs) + np.sum(a * (1 + l_abs + variance)) + 0.5 * np.sum(np.abs(np.log(log_s2)))
+                 + 0.5 * np.sum(m * m + s2) + abs(float(data.log_factorial)) + 0.5 * y.shape[0] * np.sum(mask))
+    return float(magnitude / abs(pca_elbo(p64, pln.PlnData(y, o, x, float(data.log_factorial)), mask, np)))
+
+
+def pca_start(data: pln.PlnData, rank: int) -> PcaParams:
+    """A start of pyPLNmodels' kind for a PLN-PCA of ``rank``, in NumPy float64, without torch and without
+    random draws (``pyplnmodels_pca`` draws pyPLNmodels' own). With ``L̃ = log(Y + e⁻² 1[Y=0]) − O``
+    (pyPLNmodels' log transform): B by least squares of L̃ on X (pyPLNmodels runs a Poisson regression);
+    C from the PCA of the residual ``R = L̃ − XB`` (pyPLNmodels' PCA of log Y: the same when X is the
+    intercept and O = 0), each loading scaled by its component's standard deviation and signed so that its
+    largest entry is positive; M the ridge projection ``R C (CᵀC + I)⁻¹`` (pyPLNmodels takes Rprop steps on
+    the posterior from a random M); S pyPLNmodels' Laplace formula at M. Needs
+    ``rank`` ≤ min(p, n − 1) (a PCA of n centred rows has n − 1 components)."""
+    y, o, x = (np.asarray(a, np.float64) for a in data[:3])
+    n, p = y.shape
+    rank = checks.check_positive_int(rank, "rank")
+    if rank > min(p, n - 1):
+        raise ValueError(f"rank must be at most min(p, n − 1) = {min(p, n - 1)} for {n}×{p} counts; got {rank}")
+    log_y = np.log(y + (y == 0) * np.exp(-2.0)) - o
+    coef = np.linalg.lstsq(x, log_y, rcond=None)[0]
+    resid = log_y - x @ coef
+    _, sv, vt = np.linalg.svd(resid, full_matrices=False)
+    c = vt[:rank].T * (sv[:rank] / np.sqrt(n - 1))
+    c = c * np.where(c[np.argmax(np.abs(c), axis=0), np.arange(rank)] < 0, -1.0, 1.0)
+    m = np.linalg.solve(c.T @ c + np.eye(rank), c.T @ resid.T).T
+    intensity = np.exp(o + x @ coef + m @ c.T)
+    hessian = np.einsum("ij,jk,jl->ikl", intensity, c, c) + np.eye(rank)
+    s = np.sqrt(np.diagonal(np.linalg.inv(hessian), axis1=1, axis2=2))
+    return PcaParams(m, s, c, coef)
+
+
 # ----------------------------------------------------------------------------- pyPLNmodels' side
 
 def _quiet_import() -> Any:
