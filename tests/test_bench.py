@@ -7,10 +7,13 @@ import sys
 import pytest
 
 from fastjax import bench
+from fastjax.tools import timing
 from fastjax.tools.timing import Timing
 
 
 def fake_ladder(part):
+    if part == "many":
+        return fake_many()
     rungs = [Timing(f"{part} slow", [2e-3, 2.2e-3]), Timing(f"{part} fast", [1e-3, 1.1e-3])]
     out = {"rungs": rungs, "floor": Timing("floor", [1e-3, 1e-3]), "extra": {"n": 116}, "seconds": 0.5}
     if part == "resnet":
@@ -23,7 +26,7 @@ def test_main_writes_json_with_stamp_and_every_part(tmp_path, monkeypatch, capsy
     out = tmp_path / "sub" / "bench.json"
     bench.main(["--out", str(out)])
     data = json.loads(out.read_text())
-    assert set(data["parts"]) == {"pln", "resnet"}
+    assert set(data["parts"]) == {"pln", "resnet", "many"}  # the ladders and Part VI's races
     assert data["stamp"]["jax"] and data["stamp"]["device"]
     slow = data["parts"]["pln"]["rungs"][0]
     assert slow["name"] == "pln slow" and slow["median"] == pytest.approx(2.1e-3)
@@ -117,3 +120,35 @@ def test_the_race_is_skipped_with_a_message_without_torch(monkeypatch, capsys):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
     out = bench.torch_race()
     assert "torch is not installed" in out["skipped"] and "skipped" in capsys.readouterr().out
+
+
+def fake_many():
+    one, other = Timing("JAX, one program", [1.0, 1.0]), Timing("pyPLNmodels collection", [5.0, 5.0])
+    return {saved_as: {"timings": {other.name: other, one.name: one}, "one": one.name} for saved_as in bench.MANY}
+
+
+def test_part_six_races_are_a_part_of_the_bench_with_their_own_tables(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "many_races", fake_many)
+    monkeypatch.setenv("FASTJAX_IMAGES", str(tmp_path / "images"))
+    bench.main(["--part", "many", "--out", str(tmp_path / "m.json"), "--figures"])
+    data = json.loads((tmp_path / "m.json").read_text())
+    assert data["parts"]["many"]["many-sweep"]["timings"]["JAX, one program"]["median"] == pytest.approx(1.0)
+    printed = capsys.readouterr().out
+    assert all(f"### {what}" in printed for what in bench.MANY.values())
+    assert "| pyPLNmodels collection | 5 | 5 | 5 | 5 |" in printed  # 5 s, 5× the one program's time
+    assert not (tmp_path / "images").exists()  # no ladder to draw for Part VI
+
+
+def test_part_six_races_are_skipped_with_a_reason_without_torch(monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert bench.measure_part("many") == {"skipped": capsys.readouterr().out.strip()}
+    assert "not installed" in bench.summary({"stamp": timing.stamp(), "parts": {"many": bench.measure_part("many")}})
+
+
+def test_each_part_six_page_uses_the_benchs_sizes(root):
+    for saved_as in bench.MANY:
+        page = next((root / "chapters" / "many").glob(f"*{saved_as.split('-')[1][:4]}*.md")).read_text()
+        assert f'bench.many_settings("{saved_as}")' in page and f'bench.save_part("{saved_as}"' in page

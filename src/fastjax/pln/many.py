@@ -25,6 +25,47 @@ def fit_collection(params, data_and_masks, tol, target, maxiter=pln.MAXITER):
     one = functools.partial(fit_one, maxiter=maxiter)
     return jax.vmap(one, in_axes=(0, (None, 0), None, None))(params, data_and_masks, tol, target)
 
+PCA_PLNM, PCA_ONE = "pyPLNmodels collection", "JAX, one program"
+
+
+def pca_starts(data, ranks):
+    """The members' starts as pyPLNmodels draws them (``PlnPCA(rank=q)``, seeded by q), padded to the
+    largest rank: ``(stacked starts, masks)`` in NumPy float64. Needs pyPLNmodels (and torch)."""
+    return col.pad([col.pyplnmodels_pca(data, q, seed=q)[1] for q in ranks])
+
+
+def pca_race(data, ranks, repeats, stacked=None, masks=None):
+    """pyPLNmodels' ``PlnPCACollection(ranks).fit()``, as its users call it, against the one program in
+    float32, compiled ahead of time from the starts ``pca_starts`` draws (or ``stacked, masks``), timed in
+    turns ``repeats`` times. ``{"timings": {name: Timing}, "one": PCA_ONE, "compile_seconds": s,
+    "compiled": the compiled program, "args": its arguments}``."""
+    import contextlib
+    import io
+    import time
+
+    import jax.numpy as jnp
+
+    from fastjax.tools import timing
+
+    if stacked is None:
+        stacked, masks = pca_starts(data, ranks)
+    args = (jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), stacked), (pln.to_jax(data), jnp.asarray(masks)),
+            jnp.float32(pln.TOL), jnp.float32(jnp.inf))
+    compiled = timing.compile_time(fit_collection, *args)
+
+    def pyplnmodels_collection():
+        c = col.pyplnmodels_collection(data, ranks)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            c.fit()
+
+    timing.block(compiled.compiled(*args))  # warm
+    seconds = {PCA_PLNM: [], PCA_ONE: []}
+    for _ in range(repeats):
+        t0 = time.perf_counter(); pyplnmodels_collection(); seconds[PCA_PLNM].append(time.perf_counter() - t0)
+        t0 = time.perf_counter(); timing.block(compiled.compiled(*args)); seconds[PCA_ONE].append(time.perf_counter() - t0)
+    return {"timings": {k: timing.Timing(name=k, seconds=v) for k, v in seconds.items()}, "one": PCA_ONE,
+            "compile_seconds": float(compiled.total_seconds), "compiled": compiled.compiled, "args": args}
+
 
 # ---------------------------------------------------------------- chapters/many/02-bootstrap.md
 import functools
@@ -45,3 +86,38 @@ def refit(data, tol, target, maxiter=pln.MAXITER):
 def bootstrap(samples, tol, target, maxiter=pln.MAXITER):
     """All B refits, the samples stacked on axis 0: one program."""
     return jax.vmap(functools.partial(refit, maxiter=maxiter), in_axes=(0, None, None))(samples, tol, target)
+
+BOOT_PLNM, BOOT_LOOP, BOOT_ONE = "pyPLNmodels, one after another", "JAX, loop of compiled fits", "JAX, one program"
+
+
+def bootstrap_race(data, samples, rows, repeats, n_plnm, compiled=None):
+    """The B refits of ``samples`` (rows ``rows`` of ``data``, from ``col.bootstrap_samples``) three ways, in
+    float32, in turns, ``repeats`` times: the one program (``compiled``, else compiled here, compile apart), a
+    Python loop over Part I's compiled ``fit_until_converged`` (compiled once, called B times), and
+    pyPLNmodels' ``Pln(...).fit()`` one after another, of which each turn times ``n_plnm`` samples and scales
+    to B. ``{"timings": {name: Timing}, "one": BOOT_ONE}``. Needs pyPLNmodels (and torch)."""
+    import time
+
+    import jax.numpy as jnp
+
+    from fastjax.pln import bench as bench_pln, collection as col
+    from fastjax.tools import timing
+
+    n_boot = len(rows)
+    args = (pln.to_jax(samples), jnp.float32(pln.TOL), jnp.float32(jnp.inf))
+    compiled = compiled or timing.compile_time(bootstrap, *args).compiled
+    one_sample = [jax.tree.map(lambda a, i=i: a[i], args[0]) for i in range(n_boot)]
+    timing.block(rungs.fit_until_converged(pln.start(one_sample[0]), one_sample[0], *args[1:]))  # compile
+
+    def loop_of_fits():
+        return [rungs.fit_until_converged(pln.start(d), d, *args[1:]) for d in one_sample]
+
+    seconds = {BOOT_PLNM: [], BOOT_LOOP: [], BOOT_ONE: []}
+    for r in range(repeats):
+        spent = 0.0
+        for k in range(n_plnm):
+            spent += bench_pln.fit_pyplnmodels(col.resample_rows(data, rows[(r * n_plnm + k) % n_boot]))[1]
+        seconds[BOOT_PLNM].append(spent / n_plnm * n_boot)
+        t0 = time.perf_counter(); timing.block(loop_of_fits()); seconds[BOOT_LOOP].append(time.perf_counter() - t0)
+        t0 = time.perf_counter(); timing.block(compiled(*args)); seconds[BOOT_ONE].append(time.perf_counter() - t0)
+    return {"timings": {k: timing.Timing(name=k, seconds=v) for k, v in seconds.items()}, "one": BOOT_ONE}
