@@ -388,3 +388,10 @@ def test_bootstrap_on_oaks_gives_intervals_around_the_fit_of_all_rows(oaks_csv, 
     assert inside.mean() >= 0.9, inside.mean()
     row = next(line for line in text.splitlines() if line.split()[:2] == ["intercept", "0"])
     assert row.split()[2:] == [f"{got[k][0, 0]:.5g}" for k in ("B", "low", "high")]
+
+
+def test_help_lists_every_flag():
+    # argparse formats each help text with %: a bare "%" in one made --help itself crash
+    done = subprocess.run([sys.executable, "-m", "fastjax.pln.fit", "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert all(flag in done.stdout for flag in ("--ranks", "--bootstrap", "--seed", "--offsets", "--out", "--cache"))

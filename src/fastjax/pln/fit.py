@@ -1242,7 +1242,7 @@ def parser() -> argparse.ArgumentParser:
                    help="fit a PLN-PCA of each rank (1-10, 2,4,6 or 3) as one program: ELBO, BIC and ICL per rank, "
                         "and the rank each criterion chooses")
     p.add_argument("--bootstrap", metavar="B",
-                   help=f"refit on B samples of the rows drawn with replacement, as one program: {100 * LEVEL:g} % "
+                   help=f"refit on B samples of the rows drawn with replacement, as one program: {100 * LEVEL:g} %% "
                         "percentile intervals of the coefficients")
     p.add_argument("--seed", metavar="S", help="the random seed of --bootstrap's samples (default 0)")
     p.add_argument("--out", help="write the result to this .npz file: M, S, B, Sigma and the ELBOs (with --ranks: the "
