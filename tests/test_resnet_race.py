@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from flax import nnx
 
 import fastjax  # noqa: F401  (before JAX)
 
@@ -244,3 +245,31 @@ def test_the_float64_check_fails_a_faster_floor_that_drifts(floor64, monkeypatch
     monkeypatch.setattr(B.FL, "faster_floor_step", drifting)
     with pytest.raises(AssertionError, match="Not equal to tolerance"):
         B.check_faster_floor(CONFIG, BATCH, floor64)
+
+
+def test_network_convs_reads_every_convolution_of_the_network():
+    convs = B.network_convs(CONFIG, BATCH)
+    model = resnet_nnx.make_model(CONFIG)
+    kernels = [m.kernel[...].shape for _, m in nnx.iter_modules(model) if isinstance(m, nnx.Conv)]
+    assert sorted(c["kernel"] for c in convs) == sorted(kernels)
+    assert convs[0]["input"] == (BATCH, 8, 8, 1)
+    assert [c["output"][1] for c in convs] == [c["input"][1] // c["strides"][0] for c in convs]
+
+
+def test_conv_products_are_three_per_convolution_but_the_images_gradient():
+    convs, rows = B.network_convs(CONFIG, BATCH), B.conv_products(CONFIG, BATCH)
+    assert len(rows) == 3 * len(convs) - 1
+    first = [r["product"] for r in rows if r["conv"] == 0]
+    assert first == ["forward", "kernel gradient"]
+    for r in rows:  # every product of one convolution does the forward's flops
+        c = convs[r["conv"]]
+        kh, kw, c_in, c_out = c["kernel"]
+        assert r["flops"] == 2 * np.prod(c["output"][:3]) * kh * kw * c_in * c_out
+
+
+def test_kernels_alone_times_both_sides():
+    out = B.kernels_alone(CONFIG, BATCH, repeats=1)
+    assert set(out["timings"]) == {B.KERNELS_ALONE_XLA, B.KERNELS_ALONE_ONEDNN}
+    assert out["products"] == len(B.conv_products(CONFIG, BATCH))
+    assert out["flops"] == sum(r["flops"] for r in B.conv_products(CONFIG, BATCH))
+    assert all(t.median > 0 for t in out["timings"].values())

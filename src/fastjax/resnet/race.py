@@ -783,3 +783,88 @@ def conv_kernels(config: ResNetConfig | None = None, batch: int | None = None, r
             fns[f"{name} backward, {where}"] = lambda yt=yt, xt=xt, kt=kt, gt=gt: torch.autograd.grad(
                 yt, (xt, kt), gt, retain_graph=True)
     return time_interleaved(fns, repeats)
+
+
+
+def network_convs(config: ResNetConfig, batch: int) -> list[dict[str, Any]]:
+    """Every convolution met in a forward pass of the network on ``batch`` images, in order, read off the
+    network itself (a recording convolution, traced without computing): ``input`` (NHWC shape), ``kernel``
+    (HWIO), ``strides``, ``padding`` and ``output`` (NHWC shape)."""
+    seen: list[dict[str, Any]] = []
+
+    def record(lhs, rhs, window_strides, padding, *args, **kwargs):
+        out = jax.lax.conv_general_dilated(lhs, rhs, window_strides, padding, *args, **kwargs)
+        seen.append({"input": tuple(lhs.shape), "kernel": tuple(rhs.shape), "strides": tuple(window_strides),
+                     "padding": tuple(map(tuple, padding)), "output": tuple(out.shape)})
+        return out
+
+    model = FL.with_convs(resnet_nnx.make_model(config), record)
+    model.eval()  # the same shapes as in training, and nothing to update while tracing
+    jax.eval_shape(model, jax.ShapeDtypeStruct((batch, 8, 8, 1), jnp.float32))
+    return seen
+
+
+def conv_products(config: ResNetConfig, batch: int) -> list[dict[str, Any]]:
+    """The matrix products a train step computes when every convolution of :func:`network_convs` is a
+    patches product (Part V's ``floor.conv_as_matmul``): the forward ``patches (m, k) @ kernel (k, n)``,
+    the input gradient ``(m, n) @ kernel.T (n, k)`` (whose patches are then summed back into images), and
+    the kernel gradient ``(n, m) @ patches (m, k)``; m: output pixels of the batch, k: ``kh·kw·c_in``, n:
+    ``c_out``. The first convolution reads the images, which need no gradient, so it has no
+    input-gradient product. Each row: ``conv`` (its index), ``product``, ``shape`` (m, k, n of
+    ``(m, k) @ (k, n)``) and ``flops``."""
+    rows = []
+    for i, c in enumerate(network_convs(config, batch)):
+        kh, kw, c_in, c_out = c["kernel"]
+        m, k, n = int(np.prod(c["output"][:-1])), kh * kw * c_in, c_out
+        shapes = {"forward": (m, k, n), "input gradient": (m, n, k), "kernel gradient": (n, m, k)}
+        if i == 0:
+            del shapes["input gradient"]
+        rows += [{"conv": i, "product": p, "shape": s, "flops": 2 * s[0] * s[1] * s[2]} for p, s in shapes.items()]
+    return rows
+
+
+KERNELS_ALONE_XLA = "XLA: the patches products alone"
+KERNELS_ALONE_ONEDNN = "oneDNN: the convolutions alone (channels_last)"
+
+
+def kernels_alone(config: ResNetConfig | None = None, batch: int | None = None, repeats: int = 7,
+                  seed: int = 0) -> dict[str, Any]:
+    """The convolutions of one train step with nothing else, on each side, timed in turns on random
+    operands made beforehand: on the JAX side the matrix products of :func:`conv_products` as one compiled
+    program of independent products (no patches to gather or sum, no BatchNorm, no Adam, XLA free to run
+    products at once on its threads), so that a step computing its convolutions as these products cannot
+    take less; on PyTorch's (when torch imports), every convolution of :func:`network_convs` forward and
+    backward (input and kernel gradients, none for the images) by oneDNN in ``channels_last``, as PyTorch
+    tuned runs them. Returns ``timings`` ({name: Timing}, names ``KERNELS_ALONE_*``), ``flops`` (of the
+    products), ``products`` (how many) and ``flops_per_s`` (of XLA's products)."""
+    s = settings()
+    config, batch = config or s.config, batch or s.batch
+    rows = conv_products(config, batch)
+    rng = np.random.default_rng(seed)
+    operands = [(jnp.asarray(rng.standard_normal((m, k)), jnp.float32), jnp.asarray(rng.standard_normal((k, n)), jnp.float32))
+                for m, k, n in (r["shape"] for r in rows)]
+    together = jax.jit(lambda ops: [a @ b for a, b in ops])
+    fns: dict[str, Callable[[], Any]] = {KERNELS_ALONE_XLA: lambda: together(operands)}
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        torch = None
+    if torch is not None:
+        graphs = []
+        for i, c in enumerate(network_convs(config, batch)):
+            cl = torch.channels_last
+            x = torch.randn(*np.array(c["input"])[[0, 3, 1, 2]]).contiguous(memory_format=cl).requires_grad_(i > 0)
+            kern = torch.randn(*np.array(c["kernel"])[[3, 2, 0, 1]]).contiguous(memory_format=cl).requires_grad_(True)
+            graphs.append((x, kern, c))
+
+        def onednn() -> None:
+            for x, kern, c in graphs:
+                y = F.conv2d(x, kern, stride=c["strides"], padding=[p[0] for p in c["padding"]])
+                torch.autograd.grad(y, [t for t in (x, kern) if t.requires_grad], torch.ones_like(y))
+
+        fns[KERNELS_ALONE_ONEDNN] = onednn
+    timings = time_interleaved(fns, repeats)
+    flops = float(sum(r["flops"] for r in rows))
+    return {"timings": timings, "flops": flops, "products": len(rows),
+            "flops_per_s": flops / timings[KERNELS_ALONE_XLA].median}
