@@ -160,6 +160,8 @@ def test_race_ratios_reads_the_issues_figures():
     assert r["floor / PyTorch eager, 600-step run, compile included"] == 1.0
     assert r["floor / PyTorch eager, 600-step run, compile from the persistent cache"] == 2.0  # warm: no compile left
     assert r["nnx.jit / PyTorch eager, per step"] == 0.8 and r["floor / PyTorch eager, per step, width 2"] == 3.0
+    result["kernels_alone"] = {"timings": {B.KERNELS_ALONE_XLA: Timing(B.KERNELS_ALONE_XLA, [1e-3] * 3)}}
+    assert B.race_ratios(result)["PyTorch tuned / the patches products alone (the ceiling of a step built on them)"] == 2.5
 
 
 def test_conv_kernels_times_each_stage_on_each_side():

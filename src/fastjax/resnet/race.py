@@ -648,8 +648,9 @@ def race(config: ResNetConfig | None = None) -> dict[str, Any]:
     best = min((n for n in RACE_JAX if n in step["timings"]), key=lambda n: step["timings"][n].median)
     cached = cached_first_call(best, config, s.batch)
     sweep = race_sweep(r.widths, r.sweep_names, r.sweep_repeats)
+    alone = kernels_alone(config, s.batch, r.repeats)
     return {"config": vars(config).copy(), "batch": s.batch, "checked_float64": checked, "step": step, "run": run, "best_jax": best,
-            "cached_first_call": cached, "sweep": sweep}
+            "cached_first_call": cached, "sweep": sweep, "kernels_alone": alone}
 
 
 def fastest_torch(timings: dict[str, Timing]) -> str:
@@ -661,7 +662,9 @@ def race_ratios(result: dict[str, Any]) -> dict[str, float]:
     """The ratios of the race, from a :func:`race` result (medians; > 1: the JAX step is faster): the
     fastest JAX step against the fastest PyTorch contender, PyTorch eager and the fastest ``torch.compile`` per step; against eager over
     the training run with compilation included, compiling and with the persistent cache; ``nnx.jit``
-    against eager per step; and the fastest JAX step against eager at each width of the sweep."""
+    against eager per step; the fastest PyTorch contender against the patches products alone
+    (:func:`kernels_alone`, where the result has them); and the fastest JAX step against eager at each
+    width of the sweep."""
     t, best = result["step"]["timings"], result["best_jax"]
     eager = t[TORCH_EAGER].median
     compiled = [n for n in t if n.startswith("torch.compile")]
@@ -679,6 +682,9 @@ def race_ratios(result: dict[str, Any]) -> dict[str, float]:
     out[f"{best} / PyTorch eager, {result['run']['steps']}-step run, compile from the persistent cache"] = float(np.median(
         [(a + e["compile_seconds"]) / (b + warm) for a, b in zip(e["run_seconds"], runs[best]["run_seconds"])]))
     out["nnx.jit / PyTorch eager, per step"] = eager / t["nnx.jit"].median
+    if "kernels_alone" in result:  # the most a step built on the patches products could gain on the fastest PyTorch
+        out[f"{best_torch} / the patches products alone (the ceiling of a step built on them)"] = (
+            t[best_torch].median / result["kernels_alone"]["timings"][KERNELS_ALONE_XLA].median)
     sweep = result["sweep"]
     for name, xs in sweep["x_eager"].items():
         if name != TORCH_EAGER:
