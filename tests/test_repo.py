@@ -235,3 +235,29 @@ def test_no_two_fastjax_modules_import_each_other():
             if m not in seen:
                 seen.add(m)
                 todo.extend(graph[m])
+
+
+def main_guards_before_the_end(folder: Path) -> list[str]:
+    """Modules whose ``if __name__ == "__main__":`` block is not their last statement: run with ``python -m``,
+    the block runs before what follows it is defined."""
+    found = []
+    for f in sorted(folder.rglob("*.py")):
+        body = ast.parse(f.read_text()).body
+        for i, node in enumerate(body):
+            if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                    and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__" and i != len(body) - 1):
+                found.append(f"{f.relative_to(folder.parent)}:{node.lineno}")
+    return found
+
+
+def test_every_main_guard_is_the_last_statement_of_its_module():
+    # python -m fastjax.resnet.race once ran its race for 18 minutes, then failed on a function defined below the guard
+    found = main_guards_before_the_end(ROOT / "src" / "fastjax")
+    assert found == [], "code after `if __name__ == '__main__':` is not defined when the module runs:\n" + "\n".join(found)
+
+
+def test_the_main_guard_finder_finds_one(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text("def main():\n    f()\n\nif __name__ == '__main__':\n    main()\n\ndef f():\n    pass\n")
+    (tmp_path / "pkg" / "ok.py").write_text("def main():\n    pass\n\nif __name__ == '__main__':\n    main()\n")
+    assert main_guards_before_the_end(tmp_path / "pkg") == ["pkg/m.py:4"]

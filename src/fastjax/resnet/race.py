@@ -740,9 +740,6 @@ def main(argv: list[str] | None = None) -> None:
     print(timing.stamp_text())
 
 
-if __name__ == "__main__":
-    main()
-
 
 def conv_kernels(config: ResNetConfig | None = None, batch: int | None = None, repeats: int = 7,
                  seed: int = 0) -> dict[str, Timing]:
@@ -874,3 +871,7 @@ def kernels_alone(config: ResNetConfig | None = None, batch: int | None = None, 
     flops = float(sum(r["flops"] for r in rows))
     return {"timings": timings, "flops": flops, "products": len(rows),
             "flops_per_s": flops / timings[KERNELS_ALONE_XLA].median}
+
+
+if __name__ == "__main__":
+    main()
