@@ -275,3 +275,9 @@ def test_kernels_alone_times_both_sides():
     assert out["products"] == len(B.conv_products(CONFIG, BATCH))
     assert out["flops"] == sum(r["flops"] for r in B.conv_products(CONFIG, BATCH))
     assert all(t.median > 0 for t in out["timings"].values())
+
+
+def test_a_whole_step_contender_raises_dynamos_recompile_limit():
+    torch._dynamo.config.recompile_limit = 8
+    B.torch_way(B.WHOLE_STEP["default"])
+    assert torch._dynamo.config.recompile_limit == B.TORCH_RECOMPILE_LIMIT

@@ -171,6 +171,26 @@ def _jax_contender(name: str, config: ResNetConfig, seed: int) -> Contender:
                      extra={"jitted": step, "leaves": lambda: box["leaves"]})
 
 
+# How many versions of one Python frame torch.compile keeps before it runs that frame uncompiled (its
+# recompile_limit, 8 by default). The float64 checks and the race compile the same functions (the train step,
+# the network's forward) for other dtypes, layouts and models, and the checks' hooks split them into more
+# frames: at the full size, python -m fastjax.resnet.race hit the limit within its first two minutes (dynamo's
+# warning names the network's convolution frame), past which dynamo runs that frame uncompiled. The race
+# raises the limit to this, for the whole process.
+TORCH_RECOMPILE_LIMIT = 64
+
+
+def compiled(fn: Any, mode: str) -> Any:
+    """``torch.compile(fn)`` in ``mode`` ("default" for torch's default), with dynamo's recompile limit
+    raised to ``TORCH_RECOMPILE_LIMIT`` (never lowered)."""
+    import torch
+
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, TORCH_RECOMPILE_LIMIT)
+    cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 4 * TORCH_RECOMPILE_LIMIT)
+    return torch.compile(fn, mode=None if mode == "default" else mode)
+
+
 def torch_way(name: str) -> tuple[Callable, Callable, Callable]:
     """How the PyTorch contender ``name`` (of ``TORCH_WAYS``) trains the twin: ``prepare(model)`` (in place:
     the memory format), ``make_optimizer(parameters)``, ``step(model, optimizer, images, labels)`` (NCHW images
@@ -192,7 +212,7 @@ def torch_way(name: str) -> tuple[Callable, Callable, Callable]:
 
         prepare = lambda model: model.to(memory_format=last)  # noqa: E731
     if mode is not None:
-        step = torch.compile(step, mode=None if mode == "default" else mode)
+        step = compiled(step, mode)
     return prepare, (lambda p: torch.optim.Adam(p, lr=R.LEARNING_RATE, **adam)), step
 
 
@@ -242,7 +262,7 @@ def _torch_contender(config: ResNetConfig, seed: int, mode: str | None, name: st
     w = resnet_nnx.weights(resnet_nnx.make_model(config, seed))
     prepare, make_optimizer, step = torch_way(name)
     model = prepare(T.from_weights(w, config))
-    net = model if mode is None else torch.compile(model, mode=None if mode == "default" else mode)
+    net = model if mode is None else compiled(model, mode)
     box: dict[str, Any] = {}
 
     def reset() -> None:  # the same Parameter objects get the first weights back: no new compilation
