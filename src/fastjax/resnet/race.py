@@ -175,8 +175,9 @@ def _jax_contender(name: str, config: ResNetConfig, seed: int) -> Contender:
 # recompile_limit, 8 by default). The float64 checks and the race compile the same functions (the train step,
 # the network's forward) for other dtypes, layouts and models, and the checks' hooks split them into more
 # frames: at the full size, python -m fastjax.resnet.race hit the limit within its first two minutes (dynamo's
-# warning names the network's convolution frame), past which dynamo runs that frame uncompiled. The race
-# raises the limit to this, for the whole process.
+# warning names the network's convolution frame). Past it, dynamo only runs the versions it has already
+# compiled and runs the frame uncompiled where none fits (FrameAction.RUN_ONLY in torch/_dynamo/convert_frame.py).
+# The race raises the limit to this, for the whole process.
 TORCH_RECOMPILE_LIMIT = 64
 
 
