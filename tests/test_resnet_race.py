@@ -108,6 +108,7 @@ def test_race_run_reports_time_to_target_and_ratios(race):
     assert out["checks"] == [2, 4] and all(k == 2 for k in out["steps_to_target"].values())
     eager = out["contenders"][B.TORCH_EAGER]
     assert eager["x_eager_run"]["median"] == 1.0 and len(eager["run_seconds"]) == 2
+    assert eager["threads"].startswith("PyTorch") and "why" in eager["x_eager_run_compile_included"]
     assert eager["run_compile_included"]["median"] == pytest.approx(eager["run"]["median"] + 0.1)
     assert all(len(a) == 2 for a in out["accuracy"].values())
     with pytest.raises(ValueError, match="multiple of every"):
@@ -135,6 +136,17 @@ def test_race_sweep_times_each_width_against_eager():
     out = B.race_sweep((2, 4), (B.TORCH_EAGER, "floor"), repeats=1)
     assert out["widths"] == [2, 4] and [len(v) for v in out["seconds"].values()] == [2, 2]
     assert out["x_eager"][B.TORCH_EAGER] == [1.0, 1.0]
+    assert [r.slow for r in out["ratios"]["floor"]] == [B.TORCH_EAGER] * 2
+
+
+def test_the_step_race_gives_pytorch_its_faster_thread_setting(race):
+    from fastjax.tools import timing
+
+    out = B.race_step(race, BATCH, repeats=2)
+    eager = out["timings"][B.TORCH_EAGER]
+    assert set(eager.extra["threads_tried"]) == {f"PyTorch {n} thread{'s' if n > 1 else ''}" for n in timing.thread_settings()}
+    assert eager.extra["threads"] in eager.extra["threads_tried"]
+    assert out["timings"]["floor"].extra["threads"].startswith("XLA ")
 
 
 def test_cached_first_call_runs_two_fresh_processes():
@@ -145,23 +157,40 @@ def test_cached_first_call_runs_two_fresh_processes():
         B.cached_first_call("nnx.vmap", ResNetConfig(width=2, stages=1, blocks=1), BATCH)
 
 
-def test_race_ratios_reads_the_issues_figures():
-    from fastjax.tools.timing import Timing
+def race_result(load=0.0):
+    from fastjax.tools.timing import Ratio, Timing
 
-    t = {B.TORCH_EAGER: Timing(B.TORCH_EAGER, [4e-3] * 3), "torch.compile": Timing("torch.compile", [3e-3] * 3),
+    t = {B.TORCH_EAGER: Timing(B.TORCH_EAGER, [4e-3] * 3, load=load), "torch.compile": Timing("torch.compile", [3e-3] * 3),
          B.TORCH_TUNED: Timing(B.TORCH_TUNED, [2.5e-3] * 3), "nnx.jit": Timing("nnx.jit", [5e-3] * 3), "floor": Timing("floor", [2e-3] * 3)}
     runs = {B.TORCH_EAGER: {"run_seconds": [4.0, 4.0], "compile_seconds": 0.0},
-            "floor": {"run_seconds": [2.0, 2.0], "compile_seconds": 2.0, "x_eager_run_compile_included": {"median": 1.0}}}
-    result = {"step": {"timings": t}, "best_jax": "floor", "run": {"steps": 600, "contenders": runs},
-              "cached_first_call": {"warm_cache_seconds": 0.002}, "sweep": {"widths": [2], "x_eager": {"floor": [3.0]}}}
-    r = B.race_ratios(result)
+            "floor": {"run_seconds": [2.0, 2.0], "compile_seconds": 2.0,
+                      "x_eager_run_compile_included": {"median": 1.0, "why": "busy" if load else ""}}}
+    return {"step": {"timings": t}, "best_jax": "floor", "run": {"steps": 600, "contenders": runs},
+            "cached_first_call": {"warm_cache_seconds": 0.002},
+            "sweep": {"widths": [2], "ratios": {"floor": [Ratio(B.TORCH_EAGER, "floor", 3.0)]}}}
+
+
+def test_race_ratios_reads_the_figures_of_a_quiet_race():
+    from fastjax.tools.timing import Timing
+
+    result = race_result()
+    r = {k: v.value for k, v in B.race_ratios(result).items()}
     assert r["floor / PyTorch eager, per step"] == 2.0 and r["floor / torch.compile, per step"] == 1.5
     assert r["floor / PyTorch tuned (the fastest PyTorch contender), per step"] == 1.25
     assert r["floor / PyTorch eager, 600-step run, compile included"] == 1.0
     assert r["floor / PyTorch eager, 600-step run, compile from the persistent cache"] == 2.0  # warm: no compile left
     assert r["nnx.jit / PyTorch eager, per step"] == 0.8 and r["floor / PyTorch eager, per step, width 2"] == 3.0
     result["kernels_alone"] = {"timings": {B.KERNELS_ALONE_XLA: Timing(B.KERNELS_ALONE_XLA, [1e-3] * 3)}}
-    assert B.race_ratios(result)["PyTorch tuned / the patches products alone (the ceiling of a step built on them)"] == 2.5
+    assert B.race_ratios(result)["PyTorch tuned / the patches products alone (the ceiling of a step built on them)"].value == 2.5
+
+
+def test_race_ratios_of_a_busy_race_are_not_measured():
+    r = B.race_ratios(race_result(load=1.8))
+    for key in ("floor / PyTorch eager, per step", "nnx.jit / PyTorch eager, per step",
+                "floor / PyTorch eager, 600-step run, compile included",
+                "floor / PyTorch eager, 600-step run, compile from the persistent cache"):
+        assert r[key].value is None and r[key].text().startswith("not measured"), key
+    assert r["floor / torch.compile, per step"].value == 1.5  # neither side of that one was busy
 
 
 def test_conv_kernels_times_each_stage_on_each_side():

@@ -280,3 +280,135 @@ def test_stamp_counts_busy_timings():
     assert "1.7 CPU cores" in timing.stamp_text(s)
     old = {k: v for k, v in s.items() if k not in ("timings", "noisy_timings", "max_other_cores")}
     assert "⚠" not in timing.stamp_text(old)
+
+
+# --- fair races: each side at its best thread count, and a witness that decides ---
+
+class Knob:
+    """A side's thread knob in a fake machine: the callable's time depends on the setting."""
+
+    def __init__(self, n=2):
+        self.n, self.history = n, []
+
+    def get(self):
+        return self.n
+
+    def set(self, n):
+        self.n = n
+        self.history.append(n)
+
+
+def test_a_side_with_a_knob_races_at_each_setting_and_keeps_its_fastest(clock):
+    knob = Knob(2)
+    per_thread = {1: 0.005, 2: 0.012}  # like PyTorch on a busy 2-core machine: one thread is faster
+    calls = {1: 0, 2: 0}
+
+    def torch_like():
+        calls[knob.n] += 1
+        clock.work(per_thread[knob.n])
+
+    out = timing.time_interleaved({"torch": torch_like, "jax": lambda: clock.work(0.004)}, repeats=5,
+                                  min_repeat_seconds=0.0, settings=(1, 2), prune=0,
+                                  threads={"torch": timing.Threads("PyTorch", knob.get, knob.set),
+                                           "jax": timing.Threads("XLA", lambda: 2)})
+    assert out["torch"].median == pytest.approx(0.005) and out["torch"].extra["threads"] == "PyTorch 1 thread"
+    assert out["torch"].extra["threads_tried"] == {"PyTorch 1 thread": pytest.approx(0.005),
+                                                   "PyTorch 2 threads": pytest.approx(0.012)}
+    assert out["jax"].extra["threads"] == "XLA 2 threads (fixed at start)"
+    assert calls[1] >= 5 and calls[2] >= 5  # both settings raced every round (no pruning asked)
+    assert knob.n == 2  # the knob is put back
+
+
+def test_a_setting_far_slower_than_the_best_is_not_run_again_after_the_first_round(clock):
+    knob = Knob(2)
+    calls = {1: 0, 2: 0}
+
+    def torch_like():
+        calls[knob.n] += 1
+        clock.work({1: 0.005, 2: 0.2}[knob.n])  # 40x slower at 2 threads, as measured beside a busy process
+
+    out = timing.time_interleaved({"torch": torch_like}, repeats=6, min_repeat_seconds=0.0, settings=(1, 2),
+                                  threads={"torch": timing.Threads("PyTorch", knob.get, knob.set)})
+    assert out["torch"].extra["threads"] == "PyTorch 1 thread" and len(out["torch"].seconds) == 6
+    assert calls[2] == 2  # its warm-up and its first round only
+    assert calls[1] == 1 + 6
+
+
+class SharedMachine:
+    """CPU counters that follow the fake clock, where other processes' cores change while the race runs."""
+
+    def __init__(self, clock):
+        self.clock, self.busy, self.other_cpu, self.last = clock, 0.0, 0.0, 0.0
+
+    def __call__(self):
+        self.other_cpu += self.busy * (self.clock.now - self.last)
+        self.last = self.clock.now
+        own = 1.0 * self.clock.now
+        return 1000.0 + own + self.other_cpu, own
+
+
+def test_each_callable_gets_the_load_measured_during_its_own_calls(clock, monkeypatch):
+    machine = SharedMachine(clock)
+    monkeypatch.setattr(timing, "cpu_seconds", machine)
+
+    def quiet():
+        machine(); machine.busy = 0.0
+        clock.work(0.05)
+
+    def loaded():  # another process takes 1.5 cores while this one runs
+        machine(); machine.busy = 1.5
+        clock.work(0.05)
+        machine(); machine.busy = 0.0
+
+    out = timing.time_interleaved({"quiet": quiet, "loaded": loaded}, repeats=6, min_repeat_seconds=0.0)
+    assert out["loaded"].load == pytest.approx(1.5, abs=0.01) and out["loaded"].busy
+    assert out["quiet"].load == pytest.approx(0.0, abs=0.01) and not out["quiet"].busy
+
+
+def test_a_sound_race_gives_its_ratio_and_the_settings():
+    slow = timing.Timing("PyTorch eager", [0.010, 0.011, 0.0105], load=0.02, extra={"threads": "PyTorch 1 thread"})
+    fast = timing.Timing("floor", [0.002, 0.0021, 0.002], load=0.01, extra={"threads": "XLA 2 threads"})
+    r = timing.ratio(slow, fast)
+    assert r.measured and r.value == pytest.approx(0.0105 / 0.002) and r.why == ""
+    assert r.threads == {"PyTorch eager": "PyTorch 1 thread", "floor": "XLA 2 threads"}
+    assert r.text() == f"{0.0105 / 0.002:.2f}×"
+    assert r.says("JAX is {x:.1f}× faster.") == f"JAX is {0.0105 / 0.002:.1f}× faster."
+
+
+@pytest.mark.parametrize("slow_seconds, load, why", [
+    ([0.010, 0.011, 0.0105], 1.9, "1.9 CPU cores busy while PyTorch eager ran"),  # another process took CPU
+    ([0.010, 0.200, 0.257], 0.0, "median was 20.0× its fastest run"),  # the median far above its fastest call
+    ([0.010, 0.011, 0.040, 0.012, 0.039], 0.0, "the rounds disagreed"),  # rounds that disagree
+])
+def test_an_unsound_race_is_not_measured_and_says_why(slow_seconds, load, why):
+    slow = timing.Timing("PyTorch eager", slow_seconds, load=load)
+    fast = timing.Timing("floor", [0.002] * len(slow_seconds), load=0.0)
+    r = timing.ratio(slow, fast)
+    assert r.value is None and not r.measured and why in r.why
+    assert r.text().startswith("not measured (the machine was busy: ") and why in r.text()
+    sentence = r.says("JAX is {x:.1f}× faster.")
+    assert "{x" not in sentence and "not measured" in sentence and "quiet machine" in sentence
+    assert r.says("JAX is {x:.1f}× faster.", otherwise="The step race").startswith("The step race: the machine was busy")
+
+
+def test_a_ratio_survives_being_saved_and_read_back():
+    r = timing.Ratio("a", "b", None, "other processes kept 2.0 CPU cores busy", {"a": "PyTorch 1 thread", "b": None})
+    plain = json.loads(json.dumps(timing.to_plain({"race": {"ratio": r, "t": timing.Timing("t", [1.0])}})))
+    back = timing.from_plain(plain)
+    assert back["race"]["ratio"] == r and isinstance(back["race"]["t"], timing.Timing)
+
+
+def test_thread_settings_are_one_and_one_per_core():
+    s = timing.thread_settings()
+    assert s[0] == 1 and s[-1] == timing.cores() and len(set(s)) == len(s)
+
+
+def test_children_waited_for_count_as_this_processes_own_cpu():
+    import subprocess
+
+    before = timing.cpu_seconds()
+    subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+    after = timing.cpu_seconds()
+    child = os.times()
+    assert before is not None and after is not None
+    assert after[1] - before[1] >= 0.05 and child.children_user + child.children_system > 0

@@ -29,7 +29,8 @@ from fastjax.resnet.bench import FASTER_FLOOR
 from fastjax.resnet.ladder import settings, training_batches
 from fastjax.resnet.resnet_nnx import ResNetConfig
 from fastjax.tools import profiling
-from fastjax.tools.timing import Timing, block, time_interleaved
+from fastjax.tools import timing
+from fastjax.tools.timing import Ratio, Timing, block, time_interleaved
 TORCH_EAGER = "PyTorch eager"  # the twin as chapters/resnet/08-pytorch.md first writes it: NCHW, default Adam
 # The twin as a PyTorch engineer tunes it for a CPU: model and input in channels_last (oneDNN then needs no
 # reorder of the activations around each convolution) and Adam(fused=True) (one kernel updates every tensor).
@@ -89,6 +90,7 @@ class Contender:
     error: str | None = None
     first_call: float | None = None  # seconds of the first step ever run (compilation happens there)
     extra: dict[str, Any] = field(default_factory=dict)  # what a profile needs: the jitted step and its state
+    threads: timing.Threads = field(default_factory=timing.xla_threads)  # its side's threads (a knob for PyTorch)
 
     def __post_init__(self) -> None:
         step = self.run
@@ -272,7 +274,8 @@ def _torch_contender(config: ResNetConfig, seed: int, mode: str | None, name: st
 
     return Contender(name if mode is None else torch_name(mode), reset,
                      lambda x, y: step(net, box["opt"], x, y), T.to_torch,
-                     lambda i, l: T.torch_accuracy(model, i, l), extra={"model": net, "optimizer": lambda: box["opt"]})
+                     lambda i, l: T.torch_accuracy(model, i, l), extra={"model": net, "optimizer": lambda: box["opt"]},
+                     threads=timing.torch_threads())
 
 
 def contenders(names: tuple[str, ...], config: ResNetConfig, seed: int = 0,
@@ -338,9 +341,10 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 def race_step(race: dict[str, Contender], batch: int, repeats: int) -> dict[str, Any]:
     """Seconds per train step of each contender of ``race`` on one batch of ``batch`` training images, in
-    turns (``time_interleaved``), first calls (compilation) timed apart, before. Returns ``{"timings":
-    {name: Timing}, "first_call": {name: s}, "compile": {name: first call - median step}, "failed":
-    {name: error}, "threads": threads()}``."""
+    turns (``time_interleaved``), first calls (compilation) timed apart, before. Each PyTorch contender runs
+    at 1 thread and at one per core, in turns, and keeps its faster setting (``Timing.extra["threads"]``);
+    XLA's pool is what JAX started with. Returns ``{"timings": {name: Timing}, "first_call": {name: s},
+    "compile": {name: first call - median step}, "failed": {name: error}, "threads": threads()}``."""
     xs, ys = training_batches(1, batch)
     first = first_calls(race, xs[0], ys[0])
     fns = {}
@@ -348,7 +352,7 @@ def race_step(race: dict[str, Contender], batch: int, repeats: int) -> dict[str,
         if c.error is None:
             bx, by = c.batch(xs[0], ys[0])
             fns[name] = (lambda c=c, bx=bx, by=by: c.run(bx, by))
-    t = time_interleaved(fns, repeats)
+    t = time_interleaved(fns, repeats, threads={name: race[name].threads for name in fns})
     for c in race.values():
         if c.error is None:
             c.reset()
@@ -375,13 +379,15 @@ def waited_each_step(race: dict[str, Contender], names: tuple[str, ...], batch: 
 
 
 def race_run(race: dict[str, Contender], batch: int, steps: int, every: int, target: float, rounds: int,
-             compile_seconds: dict[str, float]) -> dict[str, Any]:
+             compile_seconds: dict[str, float], thread_counts: dict[str, int] | None = None) -> dict[str, Any]:
     """Each contender trains ``steps`` steps from the first weights on the same batches, in turns, for
     ``rounds`` rounds (``reset()`` before each): seconds of the whole run, and to the first check at which
     the held-out accuracy reaches ``target``. The accuracy is checked every ``every`` steps in the first
     round, the clock stopped meanwhile; later rounds only read the clock there (after waiting for the
     step). ``compile_seconds`` (from :func:`race_step`) is added for the figures "compile included".
-    Ratios are per round: PyTorch eager's seconds over the contender's, in the same round."""
+    Ratios are per round: PyTorch eager's seconds over the contender's, in the same round. ``thread_counts``:
+    the threads each contender with a knob runs with (as :func:`race_step` chose them); each run's ``load``
+    (the CPU cores other processes kept busy meanwhile) is the witness of ``x_eager_*``."""
     if steps % every:
         raise ValueError(f"steps ({steps}) must be a multiple of every ({every})")
     sp = digits.split()
@@ -392,26 +398,34 @@ def race_run(race: dict[str, Contender], batch: int, steps: int, every: int, tar
     clock = {n: [] for n in live}  # per round: seconds at each check
     acc = {n: [] for n in live}
     losses = {}
+    witness = timing.Witness()
+    counts = {n: (thread_counts or {}).get(n) for n in live}
+    before = {n: c.threads.get() for n, c in live.items() if c.threads.set is not None and counts[n]}
     for r in range(rounds):
         for n, c in live.items():
             c.reset()
+            if n in before:
+                c.threads.set(counts[n])
             at, out, elapsed = [], [], 0.0
-            t0 = time.perf_counter()
-            for i, (bx, by) in enumerate(data[n]):
-                out.append(c.run(bx, by))
-                if (i + 1) % every == 0:
-                    block(out[-1])
-                    elapsed += time.perf_counter() - t0
-                    at.append(elapsed)
-                    if r == 0:
-                        acc[n].append(c.accuracy(sp.test_images, sp.test_labels))
-                    t0 = time.perf_counter()
+            with witness.measure(n):
+                t0 = time.perf_counter()
+                for i, (bx, by) in enumerate(data[n]):
+                    out.append(c.run(bx, by))
+                    if (i + 1) % every == 0:
+                        block(out[-1])
+                        elapsed += time.perf_counter() - t0
+                        at.append(elapsed)
+                        if r == 0:
+                            acc[n].append(c.accuracy(sp.test_images, sp.test_labels))
+                        t0 = time.perf_counter()
             clock[n].append(at)
             if r == 0:
                 losses[n] = [float(v) for v in out]
     reach = {n: next((k for k, a in zip(checks, acc[n]) if a >= target), None) for n in live}
     out: dict[str, Any] = {"steps": steps, "every": every, "target": target, "rounds": rounds, "checks": checks,
                            "accuracy": acc, "steps_to_target": reach, "losses": losses, "contenders": {}}
+    for n, count in before.items():
+        live[n].threads.set(count)
     for n in live:
         run_s = [a[-1] for a in clock[n]]
         to_target = [a[checks.index(reach[n])] for a in clock[n]] if reach[n] else None
@@ -420,7 +434,8 @@ def race_run(race: dict[str, Contender], batch: int, steps: int, every: int, tar
             "run_seconds": run_s, "run": _spread(run_s), "compile_seconds": comp,
             "run_compile_included": _spread([s + comp for s in run_s]),
             "to_target_seconds": to_target, "to_target": _spread(to_target) if to_target else None,
-            "to_target_compile_included": _spread([s + comp for s in to_target]) if to_target else None}
+            "to_target_compile_included": _spread([s + comp for s in to_target]) if to_target else None,
+            "load": witness.load(n), "threads": live[n].threads.label(counts[n])}
     if TORCH_EAGER in live:
         eager = out["contenders"][TORCH_EAGER]
         e_comp = eager["compile_seconds"]
@@ -429,6 +444,9 @@ def race_run(race: dict[str, Contender], batch: int, steps: int, every: int, tar
             row["x_eager_run"] = _spread([a / b for a, b in zip(eager["run_seconds"], row["run_seconds"])])
             row["x_eager_run_compile_included"] = _spread(
                 [(a + e_comp) / (b + comp) for a, b in zip(eager["run_seconds"], row["run_seconds"])])
+            row["x_eager_run_compile_included"]["why"] = timing.unsound(
+                Timing(TORCH_EAGER, [a + e_comp for a in eager["run_seconds"]], load=eager["load"]),
+                Timing(n, [b + comp for b in row["run_seconds"]], load=row["load"]))
             if row["to_target_seconds"] and eager["to_target_seconds"]:
                 row["x_eager_to_target_compile_included"] = _spread(
                     [(a + e_comp) / (b + comp) for a, b in zip(eager["to_target_seconds"], row["to_target_seconds"])])
@@ -447,7 +465,18 @@ def race_sweep(widths: tuple[int, ...], names: tuple[str, ...], repeats: int, se
             seconds[n].append(step["timings"][n])
     x_eager = ({n: [e.median / t.median for e, t in zip(seconds[TORCH_EAGER], ts)] for n, ts in seconds.items()}
                if TORCH_EAGER in names else {})
-    return {"widths": list(widths), "batch": s.batch, "seconds": seconds, "x_eager": x_eager}
+    ratios = ({n: [timing.ratio(e, t) for e, t in zip(seconds[TORCH_EAGER], ts)] for n, ts in seconds.items()}
+              if TORCH_EAGER in names else {})
+    return {"widths": list(widths), "batch": s.batch, "seconds": seconds, "x_eager": x_eager, "ratios": ratios}
+
+
+def run_ratio(run: dict[str, Any], name: str, key: str = "x_eager_run_compile_included") -> Ratio:
+    """PyTorch eager's training run over ``name``'s (``key`` of :func:`race_run`'s rows: the median of the
+    per-round ratios), "not measured" where its witness saw the machine busy."""
+    row = run["contenders"][name][key]
+    why = row.get("why", "")
+    return Ratio(TORCH_EAGER, name, None if why else row["median"], why,
+                 {n: run["contenders"][n].get("threads") for n in (TORCH_EAGER, name)})
 
 
 def train_losses(c: Contender, images: Any, labels: Any) -> np.ndarray:
@@ -665,7 +694,8 @@ def race(config: ResNetConfig | None = None) -> dict[str, Any]:
     race_ = contenders((*r.torch_ways, *RACE_JAX), config, torch_modes=r.torch_modes)
     checked = {name: check_torch_way(name, config, s.batch) for name in r.torch_ways}
     step = race_step(race_, s.batch, r.repeats)
-    run = race_run(race_, s.batch, r.run_steps, r.every, r.target, r.rounds, step["compile"])
+    run = race_run(race_, s.batch, r.run_steps, r.every, r.target, r.rounds, step["compile"],
+                   {n: t.extra.get("thread_count") for n, t in step["timings"].items()})
     best = min((n for n in RACE_JAX if n in step["timings"]), key=lambda n: step["timings"][n].median)
     cached = cached_first_call(best, config, s.batch)
     sweep = race_sweep(r.widths, r.sweep_names, r.sweep_repeats)
@@ -679,37 +709,38 @@ def fastest_torch(timings: dict[str, Timing]) -> str:
     return min((n for n in timings if n not in RACE_JAX), key=lambda n: timings[n].median)
 
 
-def race_ratios(result: dict[str, Any]) -> dict[str, float]:
-    """The ratios of the race, from a :func:`race` result (medians; > 1: the JAX step is faster): the
-    fastest JAX step against the fastest PyTorch contender, PyTorch eager and the fastest ``torch.compile`` per step; against eager over
+def race_ratios(result: dict[str, Any]) -> dict[str, Ratio]:
+    """The ratios of the race, from a :func:`race` result (medians; > 1: the JAX step is faster), each a
+    ``timing.Ratio`` that is "not measured" where its witness saw a busy machine: the fastest JAX step against
+    the fastest PyTorch contender, PyTorch eager and the fastest ``torch.compile`` per step; against eager over
     the training run with compilation included, compiling and with the persistent cache; ``nnx.jit``
     against eager per step; the fastest PyTorch contender against the patches products alone
     (:func:`kernels_alone`, where the result has them); and the fastest JAX step against eager at each
     width of the sweep."""
     t, best = result["step"]["timings"], result["best_jax"]
-    eager = t[TORCH_EAGER].median
     compiled = [n for n in t if n.startswith("torch.compile")]
     runs = result["run"]["contenders"]
     warm = max(result["cached_first_call"]["warm_cache_seconds"] - t[best].median, 0.0)
     e = runs[TORCH_EAGER]
     best_torch = fastest_torch(t)
-    out = {f"{best} / {best_torch} (the fastest PyTorch contender), per step": t[best_torch].median / t[best].median,
-           f"{best} / PyTorch eager, per step": eager / t[best].median}
+    out = {f"{best} / {best_torch} (the fastest PyTorch contender), per step": timing.ratio(t[best_torch], t[best]),
+           f"{best} / PyTorch eager, per step": timing.ratio(t[TORCH_EAGER], t[best])}
     if compiled:
         fastest_compiled = min(compiled, key=lambda n: t[n].median)
-        out[f"{best} / {fastest_compiled}, per step"] = t[fastest_compiled].median / t[best].median
-    out[f"{best} / PyTorch eager, {result['run']['steps']}-step run, compile included"] = \
-        runs[best]["x_eager_run_compile_included"]["median"]
-    out[f"{best} / PyTorch eager, {result['run']['steps']}-step run, compile from the persistent cache"] = float(np.median(
-        [(a + e["compile_seconds"]) / (b + warm) for a, b in zip(e["run_seconds"], runs[best]["run_seconds"])]))
-    out["nnx.jit / PyTorch eager, per step"] = eager / t["nnx.jit"].median
+        out[f"{best} / {fastest_compiled}, per step"] = timing.ratio(t[fastest_compiled], t[best])
+    out[f"{best} / PyTorch eager, {result['run']['steps']}-step run, compile included"] = run_ratio(result["run"], best)
+    cached = run_ratio(result["run"], best)
+    cached.value = float(np.median([(a + e["compile_seconds"]) / (b + warm)
+                                    for a, b in zip(e["run_seconds"], runs[best]["run_seconds"])])) if cached.measured else None
+    out[f"{best} / PyTorch eager, {result['run']['steps']}-step run, compile from the persistent cache"] = cached
+    out["nnx.jit / PyTorch eager, per step"] = timing.ratio(t[TORCH_EAGER], t["nnx.jit"])
     if "kernels_alone" in result:  # the most a step built on the patches products could gain on the fastest PyTorch
-        out[f"{best_torch} / the patches products alone (the ceiling of a step built on them)"] = (
-            t[best_torch].median / result["kernels_alone"]["timings"][KERNELS_ALONE_XLA].median)
+        out[f"{best_torch} / the patches products alone (the ceiling of a step built on them)"] = timing.ratio(
+            t[best_torch], result["kernels_alone"]["timings"][KERNELS_ALONE_XLA])
     sweep = result["sweep"]
-    for name, xs in sweep["x_eager"].items():
+    for name, rs in sweep.get("ratios", {}).items():
         if name != TORCH_EAGER:
-            for w, x in zip(sweep["widths"], xs):
+            for w, x in zip(sweep["widths"], rs):
                 out[f"{name} / PyTorch eager, per step, width {w}"] = x
     return out
 
@@ -752,12 +783,12 @@ def main(argv: list[str] | None = None) -> None:
         args.out.write_text(json.dumps(timing.to_plain({"stamp": timing.stamp(), "result": result}), indent=2, default=float))
         print(f"wrote {args.out}")
     t = result["step"]["timings"]
-    print(timing.format_table([{"per train step": n, "ms": v.median * 1e3, "q1": v.q1 * 1e3, "q3": v.q3 * 1e3,
-                                "first call (s)": result["step"]["first_call"][n],
-                                "× PyTorch eager": t[TORCH_EAGER].median / v.median} for n, v in t.items()]))
+    print(timing.format_table([{"per train step": n, "threads": v.extra.get("threads", ""), "ms": v.median * 1e3,
+                                "q1": v.q1 * 1e3, "q3": v.q3 * 1e3, "first call (s)": result["step"]["first_call"][n],
+                                "× PyTorch eager": timing.ratio(t[TORCH_EAGER], v).text()} for n, v in t.items()]))
     print(f"threads: {result['step']['threads']}; failed: {result['step']['failed']}")
     for name, x in race_ratios(result).items():
-        print(f"{x:6.2f}  {name}")
+        print(f"{x.text('{:6.2f}')}  {name}")
     print(timing.stamp_text())
 
 

@@ -12,6 +12,7 @@ flags a busy or noisy measurement (``Timing.noise``); tables, charts and the sta
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -20,13 +21,23 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
 import numpy as np
 
 from fastjax import sizes
 from fastjax.setup import cpu, workaround
+
+
+
+
+def _clock() -> float:  # every measurement's clock, looked up at each call (tests put a fake clock in its place)
+    return time.perf_counter()
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
 
 
 def block(tree: Any) -> Any:
@@ -142,8 +153,9 @@ MIN_LOAD_WINDOW = 0.2
 
 
 def cpu_seconds() -> tuple[float, float] | None:
-    """(CPU seconds the whole machine has been busy since boot, CPU seconds this process has used),
-    from psutil or Linux's /proc/stat; None where neither can be read."""
+    """(CPU seconds the whole machine has been busy since boot, CPU seconds this process and the children
+    it has waited for have used), from psutil or Linux's /proc/stat; None where neither can be read. A
+    contender run as a child process (a whole-process race) thus counts as this process's own work."""
     own = os.times()
     try:
         import psutil
@@ -157,7 +169,7 @@ def cpu_seconds() -> tuple[float, float] | None:
         except (OSError, ValueError):
             return None
         machine = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-    return machine, own.user + own.system
+    return machine, own.user + own.system + own.children_user + own.children_system
 
 
 class _LoadMeter:
@@ -166,16 +178,16 @@ class _LoadMeter:
     ``stop()`` first sleeps until ``MIN_LOAD_WINDOW`` has passed, so a short timing is judged too."""
 
     def start(self) -> _LoadMeter:
-        self.cpu, self.t0 = cpu_seconds(), time.perf_counter()
+        self.cpu, self.t0 = cpu_seconds(), _clock()
         return self
 
     def stop(self) -> float | None:
         if self.cpu is None:
             return None
-        rest = MIN_LOAD_WINDOW - (time.perf_counter() - self.t0)
+        rest = MIN_LOAD_WINDOW - (_clock() - self.t0)
         if rest > 0:
-            time.sleep(rest)
-        wall, end = time.perf_counter() - self.t0, cpu_seconds()
+            _sleep(rest)
+        wall, end = _clock() - self.t0, cpu_seconds()
         if end is None or wall <= 0:
             return None
         other = (end[0] - self.cpu[0]) - (end[1] - self.cpu[1])
@@ -228,55 +240,270 @@ def time_per_call(
     for _ in range(warmup):
         block(fn(*args, **kwargs))
     if number is None:
-        t0 = time.perf_counter()
+        t0 = _clock()
         block(fn(*args, **kwargs))
-        one = max(time.perf_counter() - t0, 1e-7)
+        one = max(_clock() - t0, 1e-7)
         number = int(min(max_number, max(1, math.ceil(min_repeat_seconds / one))))
     results, meter = [], _LoadMeter().start()
     for _ in range(repeats):
         out = None
-        t0 = time.perf_counter()
+        t0 = _clock()
         for _ in range(number):
             out = fn(*args, **kwargs)
             if sync == "each":
                 block(out)
         block(out)
-        results.append((time.perf_counter() - t0) / number / per)
+        results.append((_clock() - t0) / number / per)
     out = Timing(name=name, seconds=results, number=number, per=per, sync=sync, load=meter.stop())
     _record([out])
     return out
 
 
+class Threads:
+    """One side's threads: ``get()`` says how many it computes with; ``set(n)`` changes it in this process,
+    where that side can (PyTorch: ``torch.set_num_threads``); ``set=None`` where the count is fixed once the
+    library has started (XLA:CPU's pool reads ``PJRT_NPROC`` when JAX's backend starts: a whole-process race
+    sets it per process instead). ``side`` names the library in tables."""
+
+    def __init__(self, side: str, get: Callable[[], int | None], set: Callable[[int], None] | None = None):  # noqa: A002
+        self.side, self.get, self.set = side, get, set
+
+    def label(self, n: int | None = None) -> str:
+        """How a table names a setting: "PyTorch 1 thread", "XLA 2 threads (fixed at start)"."""
+        n = self.get() if n is None else n
+        fixed = "" if self.set is not None else " (fixed at start)"
+        return f"{self.side} {n} thread{'s' if n != 1 else ''}{fixed}" if n else f"{self.side} (threads unknown){fixed}"
+
+    def __repr__(self) -> str:
+        return f"Threads({self.label()})"
+
+
+def cores() -> int:
+    """The CPU cores this process may run on (its affinity), at least 1."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, n)
+
+
+def thread_settings() -> tuple[int, ...]:
+    """The thread counts a race tries for each side that has a knob: one, and one per core. One thread is
+    what a user of a shared machine picks (PyTorch's threads wait for each other at every parallel
+    operation, and a core taken by another process makes each of them wait, see chapters/measuring.md);
+    one per core is every library's default on a machine of its own."""
+    return tuple(sorted({1, cores()}))
+
+
+def torch_threads() -> Threads:
+    """PyTorch's intra-op threads, settable in this process (``torch.set_num_threads``)."""
+    import torch
+
+    return Threads("PyTorch", torch.get_num_threads, torch.set_num_threads)
+
+
+def xla_pool_threads() -> int | None:
+    """The threads of XLA's CPU pool in this process (``tf_XLAEigen``, counted in /proc on Linux; before the
+    first computation the pool may not exist yet), else what ``PJRT_NPROC`` asks for, else the cores."""
+    task = "/proc/self/task"
+    if os.path.isdir(task):
+        names = []
+        for t in os.listdir(task):
+            try:
+                with open(f"{task}/{t}/comm") as f:
+                    names.append(f.read().strip())
+            except OSError:  # a thread that ended meanwhile
+                pass
+        n = sum(name == "tf_XLAEigen" for name in names)
+        if n:
+            return n
+    asked = os.environ.get("PJRT_NPROC", "")
+    return int(asked) if asked.isdigit() and int(asked) > 0 else cores()
+
+
+def xla_threads() -> Threads:
+    """XLA:CPU's pool in this process: fixed once JAX's backend has started (``PJRT_NPROC``)."""
+    return Threads("XLA", xla_pool_threads)
+
+
+class Witness:
+    """The CPU cores other processes kept busy while each named piece of work ran: ``with w.measure(name):``
+    around each timed piece adds its wall time and the machine's busy CPU time less this process's (and its
+    waited-for children's); ``w.load(name)`` is their ratio, read over at least ``MIN_LOAD_WINDOW`` of wall
+    time (else None). The counters are read outside the clock of the work they measure."""
+
+    def __init__(self) -> None:
+        self.other: dict[Any, list[float]] = {}
+
+    @contextlib.contextmanager
+    def measure(self, name: Any) -> Iterator[None]:
+        c0 = cpu_seconds()
+        t0 = _clock()
+        yield
+        wall = _clock() - t0
+        c1 = cpu_seconds()
+        acc = self.other.setdefault(name, [0.0, 0.0])
+        if c0 is not None and c1 is not None:
+            acc[0] += max((c1[0] - c0[0]) - (c1[1] - c0[1]), 0.0)
+            acc[1] += wall
+
+    def load(self, name: Any) -> float | None:
+        cpu, wall = self.other.get(name, (0.0, 0.0))
+        return round(cpu / wall, 3) if wall >= MIN_LOAD_WINDOW else None
+
+
 def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, per: dict[str, int] | None = None,
-                sync: str = "last", min_repeat_seconds: float = 0.05) -> dict[str, Timing]:
+                     sync: str = "last", min_repeat_seconds: float = 0.05,
+                     threads: dict[str, Threads] | None = None, settings: Sequence[int] | None = None,
+                     warmup: int = 1, prune: float = 3.0) -> dict[str, Timing]:
     """Time several callables side by side: each repeat runs every callable once (round robin),
-    so background load hits them all alike (and each gets the load measured over the whole run).
-    Warm-up and ``number`` as in ``time_per_call`` (``min_repeat_seconds=0`` makes one call per
-    repeat); seconds per call divided by ``per[name]``."""
-    per = per or {}
-    numbers = {}
-    for name, fn in fns.items():  # warm up (compiles) and pick a number of calls per repeat
-        block(fn())
-        t0 = time.perf_counter()
-        block(fn())
-        numbers[name] = max(1, int(np.ceil(min_repeat_seconds / max(time.perf_counter() - t0, 1e-7))))
-    seconds: dict[str, list[float]] = {name: [] for name in fns}
-    meter = _LoadMeter().start()
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            n, out = numbers[name], None
-            t0 = time.perf_counter()
-            for _ in range(n):
-                out = fn()
-                if sync == "each":
+    so background load hits them all alike. ``warmup`` calls each first (compilation happens there); then
+    ``number`` as in ``time_per_call`` (one untimed call measures it; ``min_repeat_seconds=0`` makes one
+    call per repeat and skips it); seconds per call divided by ``per[name]``.
+
+    ``threads``: for the callables named there, the knob of their side (``torch_threads()``): each is
+    timed at every thread count of ``settings`` (default ``thread_settings()``: 1 and one per core), the
+    settings in turns like the callables, and keeps its fastest; a setting whose first repeat took over
+    ``prune`` times the fastest of that callable is not run again (a 2-thread PyTorch beside another process
+    can take 30 times its 1-thread time). The knob is put back afterwards. Each Timing's ``extra`` holds
+    ``threads`` (the label of the setting it ran with, also for callables without a knob) and
+    ``threads_tried`` ({label: median seconds}); its ``load`` is the CPU cores other processes kept busy
+    during that callable's own timed calls (the witness of ``ratio``)."""
+    per, threads = per or {}, threads or {}
+    settings = tuple(settings or thread_settings())
+    knobs = {name: knob for name, knob in threads.items() if name in fns and knob.set is not None}
+    before = {name: knob.get() for name, knob in knobs.items()}
+    runs = [(name, n) for name in fns for n in (settings if name in knobs else (None,))]
+    numbers: dict[tuple[str, int | None], int] = {}
+    try:
+        for name, n in runs:  # warm up (compiles) and pick a number of calls per repeat
+            if n is not None:
+                knobs[name].set(n)
+            for _ in range(warmup if n in (None, settings[0]) else min(warmup, 1)):
+                block(fns[name]())
+            if min_repeat_seconds <= 0:
+                numbers[(name, n)] = 1
+                continue
+            t0 = _clock()
+            block(fns[name]())
+            numbers[(name, n)] = max(1, int(np.ceil(min_repeat_seconds / max(_clock() - t0, 1e-7))))
+        seconds: dict[tuple[str, int | None], list[float]] = {run: [] for run in runs}
+        witness = Witness()
+        live = list(runs)
+        meter = _LoadMeter().start()
+        for r in range(repeats):
+            for name, n in live:
+                if n is not None:
+                    knobs[name].set(n)
+                calls, out = numbers[(name, n)], None
+                with witness.measure((name, n)):
+                    t0 = _clock()
+                    for _ in range(calls):
+                        out = fns[name]()
+                        if sync == "each":
+                            block(out)
                     block(out)
-            block(out)
-            seconds[name].append((time.perf_counter() - t0) / n / per.get(name, 1))
-    load = meter.stop()
-    out = {name: Timing(name=name, seconds=s, number=numbers[name], per=per.get(name, 1), sync=sync, load=load)
-           for name, s in seconds.items()}
+                    wall = _clock() - t0
+                seconds[(name, n)].append(wall / calls / per.get(name, 1))
+            if r == 0 and prune and len(live) > len(fns):  # drop the settings far slower than the best
+                first = {run: seconds[run][0] for run in live}
+                live = [(name, n) for name, n in live
+                        if n is None or first[(name, n)] <= prune * min(v for (m, _), v in first.items() if m == name)]
+        whole = meter.stop()
+    finally:
+        for name, n in before.items():
+            if n:
+                knobs[name].set(n)
+    out: dict[str, Timing] = {}
+    for name in fns:
+        tried = [(n, seconds[(name, n)]) for m, n in runs if m == name and len(seconds[(name, n)]) == repeats]
+        n, s = min(tried, key=lambda ns: float(np.median(ns[1])))
+        load = witness.load((name, n))
+        load = whole if load is None else load
+        knob = threads.get(name)
+        label = knob.label(n) if knob is not None else None
+        t = Timing(name=name, seconds=s, number=numbers[(name, n)], per=per.get(name, 1), sync=sync, load=load)
+        if knob is not None:
+            t.extra["threads"], t.extra["thread_count"] = label, n if n is not None else knob.get()
+            t.extra["threads_tried"] = {knob.label(m): float(np.median(v)) if v else None
+                                        for m, v in ((m, seconds[(name, m)]) for nm, m in runs if nm == name)}
+        out[name] = t
     _record(out.values())
     return out
+
+
+# A race's ratio is published only when the measurement is sound; else it is "not measured" and the page
+# says why in words. Three witnesses, any of which decides:
+# - other processes kept at least BUSY_CORES CPU cores busy during either side's timed calls (above);
+# - a side's median is over SLOW_MEDIAN times its own fastest repeat: on a quiet machine the repeats of
+#   one program lie within a few per cent of each other (median / fastest 1.00-1.15 in the book's races,
+#   2-core CPU), while beside a busy process PyTorch's median step ran 15-80 times its fastest (128-257 ms
+#   against ~3 ms at 2 threads);
+# - the per-round ratios disagree: their interquartile range is over ROUNDS_SPREAD of their median.
+SLOW_MEDIAN = 2.0
+ROUNDS_SPREAD = 0.5
+
+
+def unsound(*timings: Timing | None) -> str:
+    """Why a ratio between ``timings`` cannot be trusted, in words ("" when it can): another process
+    took CPU while one of them ran, a median far above its own fastest repeat, or (for two timings taken
+    in turns, with one value per round each) per-round ratios that disagree."""
+    ts = [t for t in timings if t is not None]
+    why = []
+    busy = [t for t in ts if t.busy]
+    if busy:
+        why.append("other processes kept " + ", ".join(f"{t.load:.1f} CPU cores busy while {t.name} ran" for t in busy))
+    slow = [t for t in ts if t.best > 0 and t.median > SLOW_MEDIAN * t.best]
+    if slow:
+        why.append(", ".join(f"{t.name}'s median was {t.median / t.best:.1f}× its fastest run" for t in slow))
+    if len(ts) == 2 and len(ts[0].seconds) == len(ts[1].seconds) >= 2:
+        rounds = [a / b for a, b in zip(ts[0].seconds, ts[1].seconds) if b > 0]
+        q1, med, q3 = np.percentile(rounds, [25, 50, 75])
+        if med > 0 and (q3 - q1) / med > ROUNDS_SPREAD:
+            why.append(f"the rounds disagreed (ratios {min(rounds):.2g} to {max(rounds):.2g})")
+    return "; ".join(why)
+
+
+@dataclass
+class Ratio:
+    """How many times faster ``fast`` ran than ``slow`` (medians), or ``None`` where the measurement was not
+    sound (``why`` says what the witness saw). ``threads``: the setting each side ran with."""
+
+    slow: str
+    fast: str
+    value: float | None
+    why: str = ""
+    threads: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def measured(self) -> bool:
+        return self.value is not None
+
+    def text(self, fmt: str = "{:.2f}×") -> str:
+        """The ratio formatted (``fmt``), or "not measured (the machine was busy: ...)"."""
+        return fmt.format(self.value) if self.value is not None else f"not measured (the machine was busy: {self.why})"
+
+    def says(self, sentence: str, otherwise: str | None = None) -> str:
+        """``sentence`` with ``{x}`` (or ``{x:.1f}`` ...) filled in when measured; else ``otherwise`` (default:
+        "The race of FAST against SLOW was not measured: the machine was busy (...)"), so that a page's
+        glued sentence reads right either way."""
+        if self.value is not None:
+            return sentence.format(x=self.value)
+        lead = otherwise or f"The race of {self.fast} against {self.slow} was not measured"
+        return f"{lead}: the machine was busy ({self.why}), so no ratio is given. Run it again on a quiet machine."
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Ratio":
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def ratio(slow: Timing, fast: Timing, why: str | None = None) -> Ratio:
+    """``slow.median / fast.median`` (above 1: ``fast`` is faster), published only where ``unsound`` finds
+    nothing wrong with the two timings (or ``why`` is "" when the caller judged them itself)."""
+    why = unsound(slow, fast) if why is None else why
+    value = slow.median / fast.median if not why and fast.median > 0 else None
+    threads = {t.name: t.extra.get("threads") for t in (slow, fast)}
+    return Ratio(slow.name, fast.name, value, why, threads)
 
 
 @dataclass
@@ -438,10 +665,11 @@ def format_table(rows: Sequence[dict[str, Any]], digits: int = 3) -> str:
 
 
 def to_plain(results: dict[str, Any]) -> dict[str, Any]:
-    """Results (of ``fastjax.bench.run``, a race, ...) as JSON-ready data: Timings become dicts with their medians."""
+    """Results (of ``fastjax.bench.run``, a race, ...) as JSON-ready data: Timings become dicts with their
+    medians, Ratios dicts with their verdict."""
 
     def plain(value: Any) -> Any:
-        if isinstance(value, Timing):
+        if isinstance(value, (Timing, Ratio)):
             return value.as_dict()
         if isinstance(value, dict):
             return {k: plain(v) for k, v in value.items()}
@@ -453,10 +681,12 @@ def to_plain(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def from_plain(value: Any) -> Any:
-    """Undo ``to_plain``: dicts written by ``Timing.as_dict`` become Timings again."""
+    """Undo ``to_plain``: dicts written by ``Timing.as_dict`` (``Ratio.as_dict``) become Timings (Ratios) again."""
     if isinstance(value, dict):
         if {"name", "seconds", "median"} <= value.keys():
             return Timing.from_dict(value)
+        if {"slow", "fast", "value", "why"} <= value.keys():
+            return Ratio.from_dict(value)
         return {k: from_plain(v) for k, v in value.items()}
     if isinstance(value, list):
         return [from_plain(v) for v in value]
