@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import fastjax  # noqa: F401
@@ -86,3 +87,56 @@ def test_children_start_without_the_flag_import_fastjax_set_here(monkeypatch):
     assert "XLA_FLAGS" not in W.fresh_env()
     code = "import os, json; print(json.dumps({'flags': os.environ.get('XLA_FLAGS')}))"
     assert W.run_process([sys.executable, "-c", code]).printed == {"flags": None}
+
+
+def test_each_computing_script_gets_its_threads_through_its_own_variable(tmp_path):
+    setup = W.Race(tmp_path, repeat=1)
+    _, env = setup.command(W.Contender("p", "pyplnmodels"), 0, threads=1)
+    assert env["OMP_NUM_THREADS"] == "1" and "PJRT_NPROC" not in env or env.get("PJRT_NPROC") == os.environ.get("PJRT_NPROC")
+    _, env = setup.command(W.Contender("c", "command"), 0, threads=2)
+    assert env["PJRT_NPROC"] == "2"
+    assert W.Contender("j", "jax").threads_env is None
+
+
+def test_the_race_keeps_each_scripts_faster_thread_count_and_a_busy_race_gives_no_ratio(monkeypatch):
+    from fastjax.tools import timing
+
+    walls = {("pyplnmodels", "1"): 1.6, ("pyplnmodels", "2"): 40.0, ("book", "1"): 0.5, ("book", "2"): 0.4}
+    calls = []
+
+    def fake_run(args, env):
+        kind = "pyplnmodels" if "script_pyplnmodels" in " ".join(args) else "book"
+        n = env.get("OMP_NUM_THREADS" if kind == "pyplnmodels" else "PJRT_NPROC")
+        calls.append((kind, n))
+        return W.Run(walls[(kind, n)], walls[(kind, n)], 100.0, {})
+
+    monkeypatch.setattr(W, "run_process", fake_run)
+    monkeypatch.setattr(W, "export_fit", lambda *a, **k: 1.0)
+    chosen = [W.Contender("pyPLNmodels' script", "pyplnmodels"), W.Contender("book's script", "book")]
+    out = W.race(rounds=3, chosen=chosen, settings=(1, 2))
+    p, b = (out["contenders"][c.name] for c in chosen)
+    assert p["threads"] == "OMP_NUM_THREADS=1" and b["threads"] == "PJRT_NPROC=2"
+    assert calls.count(("pyplnmodels", "2")) == 1  # 25x slower in the first round: not run again
+    assert b["speedup"] == pytest.approx(1.6 / 0.4)
+    quiet = b["speedup_ratio"]
+    assert quiet.value is None or quiet.value == pytest.approx(4.0)  # None only if this machine was busy meanwhile
+
+    class Busy:  # other processes keep 1.5 cores busy: the witness must refuse the ratio
+        def __init__(self):
+            self.t = 0.0
+
+        def __call__(self):
+            self.t += 1.0
+            return 1000.0 + 2.5 * self.t, self.t
+
+    monkeypatch.setattr(timing, "cpu_seconds", Busy())
+    monkeypatch.setattr(timing, "_clock", lambda: Busy.now)
+    Busy.now = 0.0
+
+    def slow_run(args, env):
+        Busy.now += 1.0
+        return fake_run(args, env)
+
+    monkeypatch.setattr(W, "run_process", slow_run)
+    busy = W.race(rounds=3, chosen=chosen, settings=(1, 2))["contenders"]["book's script"]["speedup_ratio"]
+    assert busy.value is None and "CPU cores busy" in busy.why and busy.text().startswith("not measured")

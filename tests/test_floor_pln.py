@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fastjax.tools import timing
+
 from fastjax import pln
 from fastjax.pln import bench as bench_pln, floor as F, rungs as R
 from test_rprop import jax_path, loss_np
@@ -175,6 +177,10 @@ def test_race_takes_the_data(tmp_path):
     assert len(out["runs"]["jax_seconds"]) == 2 and all(v > 0 for v in out["runs"]["pyplnmodels_seconds"])
     q1, q3 = out["spread"]["speedup_converge_compile_excluded"]
     assert q1 <= q3
+    assert set(out["threads_tried"]) == {f"PyTorch {n} thread{'s' if n > 1 else ''}" for n in timing.thread_settings()}
+    assert out["threads"]["pyPLNmodels"] in out["threads_tried"] and out["threads"]["JAX"].startswith("XLA")
+    r = out["ratios"]["converge_compile_excluded"]  # a number, or "not measured" with the witness's reason
+    assert (r.value is None) == bool(r.why) and r.slow == "pyPLNmodels"
     # the same rule stops both fits after the same number of iterations, up to a criterion at rounding of tol
     assert abs(out["jax_iterations"] - out["pyplnmodels_iterations"]) <= 1
     with pytest.raises(TypeError, match="NumPy"):

@@ -29,7 +29,7 @@ import numpy as np
 
 from fastjax import checks, pln, sizes
 from fastjax.tools.timing import Timing, compile_time, first_call_seconds, time_interleaved, time_per_call
-from fastjax.tools.timing import block as timing_block
+from fastjax.tools import timing
 
 TARGET_GAP = pln.TARGET_GAP  # "reached": within 0.05 % of pyPLNmodels' final ELBO
 
@@ -310,14 +310,15 @@ def race(data: pln.PlnData | None = None, fit: str = "fast", repeats: int | None
     (default: oaks at the bench's size). Both sides are warmed up first (pyPLNmodels' first fit in a
     process is slower: its first torch optimizer imports ``torch._dynamo``, see ``first_fits``); then
     ``repeats`` rounds, each running every contender once, in turns, so that a change of load hits all alike. Part I's fit runs in every round too (the old floor).
-    Figures are medians; ``spread`` gives the quartiles of the per-round values and ratios. Seconds."""
+    pyPLNmodels runs at 1 torch thread and at one per core (``torch_threads``: that one only) and keeps its
+    faster setting (``threads``). Figures are medians; ``spread`` gives the quartiles of the per-round values
+    and ratios; ``ratios`` holds each speed-up as a ``timing.Ratio``, "not measured" where the witness saw a
+    busy machine. Seconds."""
     import torch
 
     _fit(fit)  # a known fit, or a ValueError naming the choices
     cfg = settings()
     repeats = cfg.race_repeats if repeats is None else checks.check_positive_int(repeats, "repeats")
-    if torch_threads:
-        torch.set_num_threads(torch_threads)
     data_np = pln.load_oaks_counts(cfg.repeat) if data is None else data
     if not isinstance(data_np.counts, np.ndarray):
         raise TypeError("race needs the data as NumPy arrays (pln.load_*_counts or pln.check_pln_data), "
@@ -325,34 +326,45 @@ def race(data: pln.PlnData | None = None, fit: str = "fast", repeats: int | None
     data = pln.to_jax(data_np)
     compiled = {name: compile_time(_fit(name), *_converge_args(data, math.inf)) for name in FITS}
     ours = compiled[fit]
-    fit_pyplnmodels(pln.load_oaks_counts(1), maxiter=5)  # warm-up: the first fit in a process is slower
-    for c in compiled.values():  # warm-up: the first call of each compiled fit, untimed
-        timing_block(c.compiled(*_converge_args(data, math.inf)))
-    runs: dict[str, list[float]] = {k: [] for k in ("pyplnmodels_seconds", "pyplnmodels_seconds_to_target",
-                                                   "jax_seconds", "jax_seconds_to_target", "jax_part1_seconds")}
-    target, k_p, first_run = None, None, None
+    # warm-up, untimed: the first fit in a process is slower (it imports torch._dynamo); it also gives the
+    # target, pyPLNmodels' final ELBO (the same at every thread count: its rounds are checked below)
+    first_run = fit_pyplnmodels(data_np)[2:]
+    target = float(first_run[0][-1])
+    k_p = first_reaching(first_run[0], target)
+    to_target = {}  # torch threads -> pyPLNmodels' seconds to the target in each of its fits (its own clock)
 
-    def once(c: Any, *args: Any) -> float:
-        return time_per_call(c.compiled, *args, repeats=1, number=1, warmup=0).median
+    def pyplnmodels_fit() -> None:
+        _, _, p_elbos, p_times = fit_pyplnmodels(data_np)
+        to_target.setdefault(torch.get_num_threads(), []).append(float(p_times[k_p]))  # same iterations every run
 
-    for _ in range(repeats):  # in turns
-        model, seconds, p_elbos, p_times = fit_pyplnmodels(data_np)
-        if target is None:
-            first_run, target = (p_elbos, p_times), float(p_elbos[-1])
-            k_p = first_reaching(p_elbos, target)
-        runs["pyplnmodels_seconds"].append(seconds)
-        runs["pyplnmodels_seconds_to_target"].append(float(p_times[k_p]))  # same iterations every run
-        runs["jax_seconds"].append(once(ours, *_converge_args(data, math.inf)))
-        runs["jax_seconds_to_target"].append(once(ours, *_converge_args(data, target - TARGET_GAP * abs(target))))
-        runs["jax_part1_seconds"].append(once(compiled["part1"], *_converge_args(data, math.inf)))
+    converge, reach = _converge_args(data, math.inf), _converge_args(data, target - TARGET_GAP * abs(target))
+    fns = {"pyPLNmodels": pyplnmodels_fit, "JAX": lambda: ours.compiled(*converge),
+           "JAX to target": lambda: ours.compiled(*reach), "Part I's JAX": lambda: compiled["part1"].compiled(*converge)}
+    t = time_interleaved(fns, repeats, min_repeat_seconds=0.0, warmup=1, settings=(torch_threads,) if torch_threads else None,
+                         threads={"pyPLNmodels": timing.torch_threads(),
+                                  **{n: timing.xla_threads() for n in fns if n != "pyPLNmodels"}})
+    p_t = t["pyPLNmodels"]
+    p_target = Timing("pyPLNmodels to target", to_target[p_t.extra["thread_count"]][-repeats:], load=p_t.load)
+    runs = {"pyplnmodels_seconds": p_t.seconds, "pyplnmodels_seconds_to_target": p_target.seconds,
+            "jax_seconds": t["JAX"].seconds, "jax_seconds_to_target": t["JAX to target"].seconds,
+            "jax_part1_seconds": t["Part I's JAX"].seconds}
     p_elbos, p_times = first_run
-    _, j_elbos, crit = ours.compiled(*_converge_args(data, math.inf))
+    _, j_elbos, crit = ours.compiled(*converge)
     pln.check_fit(j_elbos, crit)
     j_elbos = np.asarray(j_elbos)[: int(crit.count)]
-    _, _, crit_t = ours.compiled(*_converge_args(data, target - TARGET_GAP * abs(target)))
+    _, _, crit_t = ours.compiled(*reach)
     compile_s = ours.lower_seconds + ours.compile_seconds
     med = {k: float(np.median(v)) for k, v in runs.items()}
-    ratios = {  # per round: pyPLNmodels' time over the JAX time measured beside it
+    plus_compile = lambda tm: Timing(tm.name + " + compile", [s + compile_s for s in tm.seconds], load=tm.load,  # noqa: E731
+                                     extra=tm.extra)
+    ratios = {  # each a timing.Ratio: pyPLNmodels' time over the JAX time measured beside it, or "not measured"
+        "converge_compile_excluded": timing.ratio(p_t, t["JAX"]),
+        "converge_compile_included": timing.ratio(p_t, plus_compile(t["JAX"])),
+        "target_compile_excluded": timing.ratio(p_target, t["JAX to target"]),
+        "target_compile_included": timing.ratio(p_target, plus_compile(t["JAX to target"])),
+        "part1_converge_compile_excluded": timing.ratio(p_t, t["Part I's JAX"]),
+    }
+    per_round = {
         "speedup_converge_compile_excluded": [a / b for a, b in zip(runs["pyplnmodels_seconds"], runs["jax_seconds"])],
         "speedup_target_compile_excluded": [a / b for a, b in zip(runs["pyplnmodels_seconds_to_target"],
                                                                   runs["jax_seconds_to_target"])],
@@ -360,19 +372,17 @@ def race(data: pln.PlnData | None = None, fit: str = "fast", repeats: int | None
                                                                           runs["jax_part1_seconds"])],
     }
     out = dict(
-        n=data.shape[0], p=data.shape[1], fit=fit, repeats=repeats, torch_threads=torch.get_num_threads(),
+        n=data.shape[0], p=data.shape[1], fit=fit, repeats=repeats, torch_threads=p_t.extra["thread_count"],
+        threads={"pyPLNmodels": p_t.extra["threads"], "JAX": t["JAX"].extra["threads"]},
+        threads_tried=p_t.extra["threads_tried"],
         target_elbo=target, pyplnmodels_iterations=len(p_elbos), pyplnmodels_iters_to_target=k_p + 1,
         pyplnmodels_seconds=med["pyplnmodels_seconds"], pyplnmodels_seconds_to_target=med["pyplnmodels_seconds_to_target"],
         pyplnmodels_elbos=p_elbos.tolist(), pyplnmodels_running_seconds=p_times.tolist(),
         jax_iterations=len(j_elbos), jax_final_elbo=float(j_elbos[-1]), jax_iters_to_target=int(crit_t.count),
         jax_elbos=j_elbos.tolist(), jax_seconds=med["jax_seconds"], jax_seconds_to_target=med["jax_seconds_to_target"],
         jax_part1_seconds=med["jax_part1_seconds"], jax_compile_seconds=compile_s,
-        speedup_converge_compile_excluded=med["pyplnmodels_seconds"] / med["jax_seconds"],
-        speedup_converge_compile_included=med["pyplnmodels_seconds"] / (med["jax_seconds"] + compile_s),
-        speedup_target_compile_excluded=med["pyplnmodels_seconds_to_target"] / med["jax_seconds_to_target"],
-        speedup_target_compile_included=med["pyplnmodels_seconds_to_target"] / (med["jax_seconds_to_target"] + compile_s),
-        speedup_part1_converge_compile_excluded=med["pyplnmodels_seconds"] / med["jax_part1_seconds"],
-        runs=runs, spread={**{k: _spread(v) for k, v in runs.items()}, **{k: _spread(v) for k, v in ratios.items()}},
+        ratios=ratios, loads={n: tm.load for n, tm in t.items()},
+        runs=runs, spread={**{k: _spread(v) for k, v in runs.items()}, **{k: _spread(v) for k, v in per_round.items()}},
     )
     if fresh_process:
         with tempfile.TemporaryDirectory() as folder:
@@ -382,7 +392,8 @@ def race(data: pln.PlnData | None = None, fit: str = "fast", repeats: int | None
             _fresh_process(*flags)  # fills the cache
             warm = _fresh_process(*flags)
         out["jax_fresh_process_cached_seconds"] = warm["first_call_seconds"]
-        out["speedup_converge_cache_warm"] = med["pyplnmodels_seconds"] / warm["first_call_seconds"]
+        out["ratios"]["converge_cache_warm"] = timing.ratio(  # the pyPLNmodels side's witness decides (one fresh run)
+            p_t, Timing("JAX, fresh process, cache warm", [warm["first_call_seconds"]], load=t["JAX"].load))
     return out
 
 

@@ -159,6 +159,14 @@ class Contender:
     first_ever: bool = False
     compile_options: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def threads_env(self) -> str | None:
+        """The environment variable that sets this script's compute threads: ``OMP_NUM_THREADS`` for
+        pyPLNmodels (torch reads it when imported), ``PJRT_NPROC`` for a script that fits with JAX (XLA reads
+        it when its backend starts); None for the floors, which compute nothing to speak of."""
+        return {"pyplnmodels": "OMP_NUM_THREADS"}.get(self.kind, None if self.kind in ("jax", "jax+lapack", "numpy")
+                                                      else "PJRT_NPROC")
+
 
 def contenders(quick: bool = False) -> list[Contender]:
     """The race's contenders; ``quick``: fewer (pyPLNmodels, the book's script with no cache, the command's
@@ -304,9 +312,12 @@ class Race:
         self.exported = self.folder / "fit.exported"
         self.export_bytes: float | None = None
 
-    def command(self, c: Contender, round_: int) -> tuple[list[str], dict[str, str]]:
-        """The argument list and environment that run ``c`` in round ``round_``."""
+    def command(self, c: Contender, round_: int, threads: int | None = None) -> tuple[list[str], dict[str, str]]:
+        """The argument list and environment that run ``c`` in round ``round_`` (with ``threads`` compute
+        threads, through ``c.threads_env``; None: the library's default)."""
         env = fresh_env()
+        if threads is not None and c.threads_env:
+            env[c.threads_env] = str(threads)
         cache = self.folder / "cache" / (c.name if not c.first else f"{c.name} {round_}")
         if c.first_ever:
             env["XDG_CACHE_HOME"] = str(cache / "home")  # fastjax's CPU probe answer is kept there
@@ -331,42 +342,71 @@ CACHED_KINDS = ("persistent", "exported+persistent", "command")  # contenders wh
 
 
 def race(repeat: int = 1, rounds: int = 3, quick: bool = False, maxiter: int = pln.MAXITER,
-         chosen: list[Contender] | None = None) -> dict[str, Any]:
+         chosen: list[Contender] | None = None, settings: tuple[int, ...] | None = None) -> dict[str, Any]:
     """Race ``contenders(quick)`` (or ``chosen``) as whole processes on oaks stacked ``repeat`` times:
     one untimed round first (it fills the caches of the "later run" contenders and warms the disk; with
-    ``quick``, only the runs that fill a cache), then ``rounds`` rounds in turns. Per contender: median wall seconds with quartiles, CPU seconds, peak
-    MiB; per-round ratios of pyPLNmodels' wall to each one's (``speedup``) and of each one's to the bare
-    JAX process's (``over_jax_floor``) and to the bare JAX process that loads SciPy's LAPACK as the fit
-    must (``over_lapack_floor``), as medians with quartiles. Also the disk the caches hold."""
+    ``quick``, only the runs that fill a cache), then ``rounds`` rounds in turns. Each contender that computes
+    runs at every thread count of ``settings`` (default ``timing.thread_settings()``: 1 and one per core; set
+    through ``Contender.threads_env``), in turns too, and keeps its faster one (``threads``); a setting over
+    3× the contender's fastest in the first round is not run again. Per contender: median wall seconds with
+    quartiles, CPU seconds, peak MiB, the CPU cores other processes kept busy while it ran (``load``); per-round
+    ratios of pyPLNmodels' wall to each one's (``speedup``; ``speedup_ratio``, a ``timing.Ratio``, is "not
+    measured" where the witness saw a busy machine) and of each one's to the bare JAX process's
+    (``over_jax_floor``) and to the bare JAX process that loads SciPy's LAPACK as the fit must
+    (``over_lapack_floor``), as medians with quartiles. Also the disk the caches hold."""
+    from fastjax.tools import timing
+
     rounds = checks.check_positive_int(rounds, "rounds")
     chosen = contenders(quick) if chosen is None else chosen
-    runs: dict[str, list[Run]] = {c.name: [] for c in chosen}
+    settings = tuple(settings or timing.thread_settings())
+    plan = [(c, n) for c in chosen for n in (settings if c.threads_env else (None,))]
+    runs: dict[tuple[str, int | None], list[Run]] = {(c.name, n): [] for c, n in plan}
+    witness = timing.Witness()
     with tempfile.TemporaryDirectory() as folder:
         setup = Race(Path(folder), repeat, maxiter)
         for round_ in range(-1, rounds):  # round -1: warm-up, untimed
-            for c in chosen:
-                if round_ < 0 and quick and (c.first or c.kind not in CACHED_KINDS):
+            for c, n in plan:
+                if round_ < 0 and (n not in (None, settings[0]) or (quick and (c.first or c.kind not in CACHED_KINDS))):
                     continue
-                args, env = setup.command(c, round_)
-                run = run_process(args, env)
+                args, env = setup.command(c, round_, n)
+                with witness.measure((c.name, n)):
+                    run = run_process(args, env)
                 if round_ >= 0:
-                    runs[c.name].append(run)
+                    runs[(c.name, n)].append(run)
+            if round_ == 0 and len(plan) > len(chosen):  # drop the settings far slower than the contender's best
+                best = {c.name: min(runs[(c.name, m)][0].wall for cc, m in plan if cc.name == c.name) for c in chosen}
+                plan = [(c, n) for c, n in plan if n is None or runs[(c.name, n)][0].wall <= 3 * best[c.name]]
         disk = {c.name: _folder_bytes(Path(folder) / "cache" / c.name) for c in chosen if not c.first}
         disk["jax.export file"] = setup.export_bytes
-        n, p = np.load(setup.data)["counts"].shape
-    out: dict[str, Any] = dict(n=int(n), p=int(p), rounds=rounds, contenders={}, disk_bytes=disk)
+        n_rows, p = np.load(setup.data)["counts"].shape
+    picked = {}  # each contender's fastest setting that ran every round
+    for c in chosen:
+        full = [(n, runs[(c.name, n)]) for cc, n in plan if cc.name == c.name]
+        picked[c.name] = min(full, key=lambda nr: float(np.median([r.wall for r in nr[1]])))
+    out: dict[str, Any] = dict(n=int(n_rows), p=int(p), rounds=rounds, contenders={}, disk_bytes=disk)
+    walls = {c.name: timing.Timing(c.name, [r.wall for r in picked[c.name][1]], load=witness.load((c.name, picked[c.name][0])))
+             for c in chosen}
     kinds = {c.kind: c.name for c in chosen if not c.first}
     for c in chosen:
-        row = _summary(runs[c.name])
-        row.update(kind=c.kind, first=c.first, first_ever=c.first_ever)
+        n, chosen_runs = picked[c.name]
+        row = _summary(chosen_runs)
+        row.update(kind=c.kind, first=c.first, first_ever=c.first_ever, load=walls[c.name].load,
+                   threads=f"{c.threads_env}={n}" if n is not None else "default",
+                   threads_tried={f"{c.threads_env}={m}": float(np.median([r.wall for r in runs[(c.name, m)]]))
+                                  for m in settings if c.threads_env and runs[(c.name, m)]})
         for key, other, forward in (("speedup", kinds.get("pyplnmodels"), True),
                                     ("over_jax_floor", kinds.get("jax"), False),
                                     ("over_lapack_floor", kinds.get("jax+lapack"), False)):
             if other is None:
                 continue
-            ratios = [(a.wall / b.wall if forward else b.wall / a.wall) for a, b in zip(runs[other], runs[c.name])]
+            ratios = [(a.wall / b.wall if forward else b.wall / a.wall) for a, b in zip(picked[other][1], chosen_runs)]
             row[key] = float(np.median(ratios))
             row[key + "_quartiles"] = [float(np.percentile(ratios, 25)), float(np.percentile(ratios, 75))]
+            if key == "speedup":
+                r = timing.ratio(walls[other], walls[c.name])
+                r.value = row[key] if r.measured else None  # the median of per-round ratios, as the other keys
+                r.threads = {other: out["contenders"].get(other, {}).get("threads"), c.name: row["threads"]}
+                row["speedup_ratio"] = r
         out["contenders"][c.name] = row
     return out
 
