@@ -123,7 +123,8 @@ def test_the_race_is_skipped_with_a_message_without_torch(monkeypatch, capsys):
 
 
 def fake_many():
-    one, other = Timing("JAX, one program", [1.0, 1.0]), Timing("pyPLNmodels collection", [5.0, 5.0])
+    one = Timing("JAX, one program", [1.0, 1.0], load=0.0)
+    other = Timing("pyPLNmodels collection", [5.0, 5.0], load=0.0, extra={"threads": "PyTorch 1 thread"})
     return {saved_as: {"timings": {other.name: other, one.name: one}, "one": one.name} for saved_as in bench.MANY}
 
 
@@ -135,7 +136,7 @@ def test_part_six_races_are_a_part_of_the_bench_with_their_own_tables(tmp_path, 
     assert data["parts"]["many"]["many-sweep"]["timings"]["JAX, one program"]["median"] == pytest.approx(1.0)
     printed = capsys.readouterr().out
     assert all(f"### {what}" in printed for what in bench.MANY.values())
-    assert "| pyPLNmodels collection | 5 | 5 | 5 | 5 |" in printed  # 5 s, 5× the one program's time
+    assert "| pyPLNmodels collection | PyTorch 1 thread | 5 | 5 | 5 | 5 |" in printed  # 5 s, 5× the one program's time
     assert not (tmp_path / "images").exists()  # no ladder to draw for Part VI
 
 

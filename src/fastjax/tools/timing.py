@@ -477,8 +477,9 @@ class Ratio:
         return self.value is not None
 
     def text(self, fmt: str = "{:.2f}×") -> str:
-        """The ratio formatted (``fmt``), or "not measured (the machine was busy: ...)"."""
-        return fmt.format(self.value) if self.value is not None else f"not measured (the machine was busy: {self.why})"
+        """The ratio formatted (``fmt``), or "not measured (the machine was busy)": short enough for a table
+        cell or a clause; ``why`` (and ``says``) give what the witness saw."""
+        return fmt.format(self.value) if self.value is not None else "not measured (the machine was busy)"
 
     def says(self, sentence: str, otherwise: str | None = None) -> str:
         """``sentence`` with ``{x}`` (or ``{x:.1f}`` ...) filled in when measured; else ``otherwise`` (default:
