@@ -444,6 +444,9 @@ def main(argv: list[str] | None = None) -> None:
         result = race(data, fit=args.fit, repeats=args.rounds, fresh_process=not args.scrna)
         print(json.dumps({k: v for k, v in result.items() if not isinstance(v, (list, dict))}, indent=2))
         print(json.dumps(result["spread"], indent=2))
+        print("threads:", result["threads"])
+        for key, r in result["ratios"].items():  # "not measured" where the witness saw a busy machine
+            print(f"speed-up, {key.replace('_', ' ')}: {r.text()}" + (f" ({r.why})" if r.why else ""))
 
 
 if __name__ == "__main__":
