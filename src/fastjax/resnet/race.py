@@ -837,7 +837,8 @@ def conv_kernels(config: ResNetConfig | None = None, batch: int | None = None, r
             fns[f"{name} forward, {where}"] = torch_fwd
             fns[f"{name} backward, {where}"] = lambda yt=yt, xt=xt, kt=kt, gt=gt: torch.autograd.grad(
                 yt, (xt, kt), gt, retain_graph=True)
-    return time_interleaved(fns, repeats)
+    return time_interleaved(fns, repeats, threads={n: timing.torch_threads() if n.startswith("PyTorch") else timing.xla_threads()
+                                                   for n in fns})  # each PyTorch kernel at its faster thread count
 
 
 
@@ -919,7 +920,8 @@ def kernels_alone(config: ResNetConfig | None = None, batch: int | None = None, 
                 torch.autograd.grad(y, [t for t in (x, kern) if t.requires_grad], torch.ones_like(y))
 
         fns[KERNELS_ALONE_ONEDNN] = onednn
-    timings = time_interleaved(fns, repeats)
+    timings = time_interleaved(fns, repeats, threads={n: timing.torch_threads() if n == KERNELS_ALONE_ONEDNN
+                                                      else timing.xla_threads() for n in fns})
     flops = float(sum(r["flops"] for r in rows))
     return {"timings": timings, "flops": flops, "products": len(rows),
             "flops_per_s": flops / timings[KERNELS_ALONE_XLA].median}
