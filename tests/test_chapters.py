@@ -185,3 +185,12 @@ def test_chapter_executes(page):
     target = EXECUTED / f"{page}.ipynb"
     target.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, target)
+
+
+def test_the_test_command_runs_the_racing_pages_alone_after_the_others_on_each_leg():
+    script = (ROOT / "scripts" / "run-tests.sh").read_text()
+    for leg_filter in ('-m "not site and not races"', '-m "not site and not pinned and not races"'):
+        assert leg_filter in script, f"the parallel phase must leave the racing pages out: {leg_filter}"
+    for alone in ('alone -m "races and not site"', 'alone -m "races and not site and not pinned"'):
+        assert alone in script
+    assert "-p no:xdist" in script  # one page at a time
