@@ -318,7 +318,7 @@ class Race:
         env = fresh_env()
         if threads is not None and c.threads_env:
             env[c.threads_env] = str(threads)
-        cache = self.folder / "cache" / (c.name if not c.first else f"{c.name} {round_}")
+        cache = self.folder / "cache" / (c.name if not c.first else f"{c.name} {round_} {threads}")  # first: empty
         if c.first_ever:
             env["XDG_CACHE_HOME"] = str(cache / "home")  # fastjax's CPU probe answer is kept there
         if c.kind == "command":  # the data file's covariates hold the intercept already
@@ -366,7 +366,8 @@ def race(repeat: int = 1, rounds: int = 3, quick: bool = False, maxiter: int = p
         setup = Race(Path(folder), repeat, maxiter)
         for round_ in range(-1, rounds):  # round -1: warm-up, untimed
             for c, n in plan:
-                if round_ < 0 and (n not in (None, settings[0]) or (quick and (c.first or c.kind not in CACHED_KINDS))):
+                fills_cache = c.kind in CACHED_KINDS and not c.first  # its later runs read what this run leaves
+                if round_ < 0 and not fills_cache and (quick or n not in (None, settings[0])):
                     continue
                 args, env = setup.command(c, round_, n)
                 with witness.measure((c.name, n)):
