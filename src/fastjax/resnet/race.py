@@ -441,15 +441,16 @@ def race_run(race: dict[str, Contender], batch: int, steps: int, every: int, tar
         e_comp = eager["compile_seconds"]
         for n, row in out["contenders"].items():
             comp = row["compile_seconds"]
-            row["x_eager_run"] = _spread([a / b for a, b in zip(eager["run_seconds"], row["run_seconds"])])
-            row["x_eager_run_compile_included"] = _spread(
-                [(a + e_comp) / (b + comp) for a, b in zip(eager["run_seconds"], row["run_seconds"])])
-            row["x_eager_run_compile_included"]["why"] = timing.unsound(
+            why = timing.unsound(  # the witness of every ratio of this row ("" when sound)
                 Timing(TORCH_EAGER, [a + e_comp for a in eager["run_seconds"]], load=eager["load"]),
                 Timing(n, [b + comp for b in row["run_seconds"]], load=row["load"]))
+            row["x_eager_run"] = {**_spread([a / b for a, b in zip(eager["run_seconds"], row["run_seconds"])]), "why": why}
+            row["x_eager_run_compile_included"] = {**_spread(
+                [(a + e_comp) / (b + comp) for a, b in zip(eager["run_seconds"], row["run_seconds"])]), "why": why}
             if row["to_target_seconds"] and eager["to_target_seconds"]:
-                row["x_eager_to_target_compile_included"] = _spread(
-                    [(a + e_comp) / (b + comp) for a, b in zip(eager["to_target_seconds"], row["to_target_seconds"])])
+                row["x_eager_to_target_compile_included"] = {**_spread(
+                    [(a + e_comp) / (b + comp) for a, b in zip(eager["to_target_seconds"], row["to_target_seconds"])]),
+                    "why": why}
     return out
 
 
