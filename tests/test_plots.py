@@ -84,3 +84,12 @@ def test_sweep_takes_timings_and_warns_about_busy_points():
     assert list(fig.axes[0].get_lines()[0].get_ydata()) == pytest.approx([1e-3, 2e-3])  # medians drawn
     text = captions(fig)
     assert "busy" in text and "a at 32" in text and "a at 16" not in text
+
+
+def test_another_librarys_bar_is_labelled_with_its_ratio_only_when_the_race_was_sound():
+    floor = Timing("floor", [1e-3] * 3, load=0.0)
+    quiet = Timing("PyTorch", [3e-3] * 3, load=0.0)
+    busy = Timing("PyTorch busy", [3e-3] * 3, load=1.8)
+    fig = plots.plot_ladder([floor], floor=floor, others=[quiet, busy], others_floor=floor, title="t")
+    labels = [t.get_text().strip() for t in fig.axes[0].texts]
+    assert labels == ["1.00×", "3.00×", "not measured (busy)"]

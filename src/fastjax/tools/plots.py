@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
-from fastjax.tools.timing import Timing, noise_note
+from fastjax.tools.timing import Timing, noise_note, ratio
 
 _SCALE = {"s": 1.0, "ms": 1e3, "µs": 1e6}
 
@@ -66,7 +66,8 @@ def plot_ladder(
     """Horizontal bars of median time per call (IQR as whiskers), one per rung, top to bottom,
     with the floor drawn as a dashed line and each bar labelled with its ratio to the floor.
     ``others`` (another program's times, such as PyTorch's) come last, in another colour, each labelled
-    with its ratio to ``others_floor``: the floor timed in the same run as they were (required with them).
+    with its ratio to ``others_floor``: the floor timed in the same run as they were (required with them),
+    or "not measured" where ``timing.ratio``'s witness finds that comparison unsound.
     Busy or noisy timings get hatched bars and a red warning above the caption."""
     if not timings:
         raise ValueError("plot_ladder needs at least one timing")
@@ -100,8 +101,12 @@ def plot_ladder(
             ax.axvline(ref.median * k, color="#c44e52", linestyle=style, label=f"{label}: {ref.median * k:.3g} {unit}")
     if floor is not None:
         for i, (yi, m, t) in enumerate(zip(y, med, timings)):
-            ref = floor if i < n_own else others_floor
-            ax.text(m, yi, f"  {t.median / ref.median:.2f}×", va="center", fontsize=9)
+            if i < n_own:
+                label = f"  {t.median / floor.median:.2f}×"
+            else:  # another library's bar: its ratio only where the race's witness found it sound
+                r = ratio(t, others_floor)
+                label = f"  {r.value:.2f}×" if r.measured else "  not measured (busy)"
+            ax.text(m, yi, label, va="center", fontsize=9)
         ax.legend(loc="lower right", fontsize=8)
     elif dispatch_floor is not None or others:
         ax.legend(loc="lower right", fontsize=8)
