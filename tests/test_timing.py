@@ -398,9 +398,16 @@ def test_a_ratio_survives_being_saved_and_read_back():
     assert back["race"]["ratio"] == r and isinstance(back["race"]["t"], timing.Timing)
 
 
-def test_thread_settings_are_one_and_one_per_core():
+def test_thread_settings_are_one_and_one_per_core_unless_the_reader_says_otherwise(monkeypatch):
+    monkeypatch.delenv("FASTJAX_THREADS", raising=False)
     s = timing.thread_settings()
     assert s[0] == 1 and s[-1] == timing.cores() and len(set(s)) == len(s)
+    monkeypatch.setenv("FASTJAX_THREADS", "4,1")
+    assert timing.thread_settings() == (1, 4)
+    for bad in ("0", "two", "1,-2"):
+        monkeypatch.setenv("FASTJAX_THREADS", bad)
+        with pytest.raises(ValueError, match="FASTJAX_THREADS must be thread counts"):
+            timing.thread_settings()
 
 
 def test_children_waited_for_count_as_this_processes_own_cpu():

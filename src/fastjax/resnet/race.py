@@ -767,6 +767,7 @@ def main(argv: list[str] | None = None) -> None:
         if backend_started():
             parser.error("--threads must be set before JAX's backend starts; run it as a fresh process")
         os.environ["PJRT_NPROC"] = str(args.threads)
+        os.environ["FASTJAX_THREADS"] = str(args.threads)  # the races try this count only (timing.thread_settings)
         import torch
 
         torch.set_num_threads(args.threads)

@@ -288,8 +288,18 @@ def thread_settings() -> tuple[int, ...]:
     """The thread counts a race tries for each side that has a knob: one, and one per core. One thread is
     what a user of a shared machine picks (PyTorch's threads wait for each other at every parallel
     operation, and a core taken by another process makes each of them wait, see chapters/measuring.md);
-    one per core is every library's default on a machine of its own."""
-    return tuple(sorted({1, cores()}))
+    one per core is every library's default on a machine of its own. ``FASTJAX_THREADS`` (a comma list of
+    counts, such as ``1`` or ``1,4``) replaces them."""
+    asked = os.environ.get("FASTJAX_THREADS", "").strip()
+    if not asked:
+        return tuple(sorted({1, cores()}))
+    try:
+        counts = {int(part) for part in asked.split(",")}
+    except ValueError:
+        counts = {0}
+    if min(counts) < 1:
+        raise ValueError(f"FASTJAX_THREADS must be thread counts of at least 1, separated by commas; got {asked!r}")
+    return tuple(sorted(counts))
 
 
 def torch_threads() -> Threads:
