@@ -13,7 +13,7 @@ import fastjax  # noqa: F401  (before JAX)
 
 torch = pytest.importorskip("torch", reason="the race needs torch, which the newest leg does not install")
 
-from fastjax.resnet import ladder, race as B, resnet_nnx, rungs as R, torch_twin as T  # noqa: E402
+from fastjax.resnet import ladder, race as B, resnet_nnx, rungs as R, torch_twin as T, twin_check as C  # noqa: E402
 from fastjax.resnet.resnet_nnx import ResNetConfig  # noqa: E402
 
 pytestmark = pytest.mark.pinned
@@ -56,7 +56,7 @@ def test_contenders_train_the_same_and_restart(race, batches, floor_losses):
 
 @pytest.fixture(scope="module")
 def floor64():
-    return T.jax_float64_run(CONFIG, *ladder.training_batches(T.CHECK_STEPS, BATCH))  # Part II's floor in float64
+    return C.jax_float64_run(CONFIG, *ladder.training_batches(C.CHECK_STEPS, BATCH))  # Part II's floor in float64
 
 
 @pytest.mark.parametrize("name", [n for n, (_, _, mode) in B.TORCH_WAYS.items() if mode is None])

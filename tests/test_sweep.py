@@ -17,7 +17,7 @@ from fastjax.resnet.resnet_nnx import ResNetConfig
 
 torch = pytest.importorskip("torch", reason="fastjax.resnet.sweep holds the torch.func ensemble too")
 
-from fastjax.resnet import sweep as SW, torch_twin as T  # noqa: E402
+from fastjax.resnet import sweep as SW, twin_check as C  # noqa: E402
 
 pytestmark = pytest.mark.pinned
 CONFIG, BATCH, SEEDS = ResNetConfig(width=2, stages=1, blocks=1), 8, (0, 1, 2)
@@ -49,12 +49,12 @@ def test_each_vmapped_member_trains_as_the_floor_alone_in_float64():
 
 
 def test_the_ensemble_trains_each_member_as_its_twin_alone_and_a_wrong_one_fails(monkeypatch):
-    xs, ys = ladder.training_batches(T.CHECK_STEPS, BATCH)
+    xs, ys = ladder.training_batches(C.CHECK_STEPS, BATCH)
     w0 = [resnet_nnx.weights(resnet_nnx.make_model(CONFIG, s)) for s in SEEDS]
     assert 0 <= SW.check_ensemble(w0, CONFIG, BATCH, xs, ys, R.LEARNING_RATE) <= 1
     original = SW.TorchEnsemble.__init__
     monkeypatch.setattr(SW.TorchEnsemble, "__init__", lambda self, models, lr: original(self, models, 1.01 * lr))
-    with pytest.raises(T.NotTheSameTraining, match="member 0"):  # the ensemble at a learning rate 1 % off
+    with pytest.raises(C.NotTheSameTraining, match="member 0"):  # the ensemble at a learning rate 1 % off
         SW.check_ensemble(w0, CONFIG, BATCH, xs, ys, R.LEARNING_RATE)
 
 

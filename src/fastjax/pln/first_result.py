@@ -90,7 +90,6 @@ print(json.dumps({{"elbo": float(elbos[int(crit.count) - 1]), "iterations": int(
 PERSISTENT_CACHE = """\
 jax.config.update("jax_compilation_cache_dir", sys.argv[2])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # default 1 s: small programs never kept
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 """
 
 # The fit exported once (``export_fit``): a new process deserializes it and calls it, with no tracing

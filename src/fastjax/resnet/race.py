@@ -220,30 +220,29 @@ def torch_way(name: str) -> tuple[Callable, Callable, Callable]:
 
 
 def check_torch_way(name: str, config: ResNetConfig, batch: int, ref64: Any = None, seed: int = 0) -> dict[str, Any]:
-    """Raise ``torch_twin.NotTheSameTraining`` unless the PyTorch contender ``name``, run in float64 its own
-    way (:func:`torch_way`) for ``torch_twin.CHECK_STEPS`` steps, trains as Part II's floor does in float64
-    (``ref64``: ``torch_twin.jax_float64_run``, made here when None) within what rounding allows; return
+    """Raise ``twin_check.NotTheSameTraining`` unless the PyTorch contender ``name``, run in float64 its own
+    way (:func:`torch_way`) for ``twin_check.CHECK_STEPS`` steps, trains as Part II's floor does in float64
+    (``ref64``: ``twin_check.jax_float64_run``, made here when None) within what rounding allows; return
     ``check_same_training``'s gaps."""
-    from fastjax.resnet import torch_twin as T
+    from fastjax.resnet import torch_twin as T, twin_check as C
 
-    xs, ys = training_batches(T.CHECK_STEPS, batch)
-    ref64 = ref64 if ref64 is not None else T.jax_float64_run(config, xs, ys, seed)
+    xs, ys = training_batches(C.CHECK_STEPS, batch)
+    ref64 = ref64 if ref64 is not None else C.jax_float64_run(config, xs, ys, seed)
     prepare, make_optimizer, step = torch_way(name)
     model = prepare(T.from_weights(resnet_nnx.weights(resnet_nnx.make_model(config, seed)), config))
-    run = T.torch_float64_run(model, xs, ys, make_optimizer=make_optimizer, step=step)
-    return T.check_same_training(run, ref64, config, batch, what=name)
+    run = C.torch_float64_run(model, xs, ys, make_optimizer=make_optimizer, step=step)
+    return C.check_same_training(run, ref64, config, batch, what=name)
 
 
 def check_faster_floor(config: ResNetConfig, batch: int, ref64: Any = None, seed: int = 0) -> float:
     """Raise an AssertionError (``ladder.assert_same_weights``) unless Part V's floor, trained in float64 for
-    ``torch_twin.CHECK_STEPS`` steps from the weights of ``make_model(config, seed)``, ends with the weights
-    (running statistics included) of Part II's floor in float64 (``ref64``: ``torch_twin.jax_float64_run``,
+    ``twin_check.CHECK_STEPS`` steps from the weights of ``make_model(config, seed)``, ends with the weights
+    (running statistics included) of Part II's floor in float64 (``ref64``: ``twin_check.jax_float64_run``,
     made here when None); return the largest parameter difference."""
-    from fastjax.resnet import ladder
-    from fastjax.resnet import torch_twin as T
+    from fastjax.resnet import ladder, twin_check as C
 
-    xs, ys = training_batches(T.CHECK_STEPS, batch)
-    ref64 = ref64 if ref64 is not None else T.jax_float64_run(config, xs, ys, seed)
+    xs, ys = training_batches(C.CHECK_STEPS, batch)
+    ref64 = ref64 if ref64 is not None else C.jax_float64_run(config, xs, ys, seed)
     with jax.enable_x64(True):
         model = resnet_nnx.make_model(config, seed)
         graphdef, treedef, leaves = R.floor_start(model, nnx.Optimizer(model, R.TX, wrt=nnx.Param))

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 
-from fastjax.resnet import torch_twin as T
+from fastjax.resnet import torch_twin as T, twin_check as C
 
 
 class TorchEnsemble:
@@ -74,29 +74,29 @@ class TorchEnsemble:
 
 def check_ensemble(weights0, config, batch: int, xs, ys, lr: float) -> float:
     """Train a float64 ensemble of the twins with the first weights ``weights0`` (NNX layout, one per member)
-    ``T.CHECK_STEPS`` steps on the batches ``xs``, ``ys``, and each twin alone the same way
-    (``T.torch_float64_run`` with a fused Adam); raise ``T.NotTheSameTraining`` unless every member's weights
+    ``C.CHECK_STEPS`` steps on the batches ``xs``, ``ys``, and each twin alone the same way
+    (``C.torch_float64_run`` with a fused Adam); raise ``C.NotTheSameTraining`` unless every member's weights
     and running statistics agree with its twin's within what float64 rounding allows between two programs:
-    ``T.weight_atol`` for the weights (read from the run alone), ``twin_rtol·r`` for a running mean and
+    ``C.weight_atol`` for the weights (read from the run alone), ``twin_rtol·r`` for a running mean and
     ``2·twin_rtol·r²·2`` for a running variance (r: the largest root mean square of a channel of the
     BatchNorm's input; PyTorch keeps the variance times n/(n − 1) ≤ 2). Return the largest gap over its bound."""
     ensemble = TorchEnsemble([T.from_weights(w, config).double() for w in weights0], lr)
-    for x, y in zip(xs[:T.CHECK_STEPS], ys[:T.CHECK_STEPS]):
+    for x, y in zip(xs[:C.CHECK_STEPS], ys[:C.CHECK_STEPS]):
         images, labels = T.to_torch(x, y)
         ensemble.step(images.double(), labels)
-    rtol, worst = T.twin_rtol(config, batch), 0.0
+    rtol, worst = C.twin_rtol(config, batch), 0.0
     for k, w in enumerate(weights0):
         alone = T.from_weights(w, config)
-        run = T.torch_float64_run(alone, xs, ys, make_optimizer=lambda p: torch.optim.Adam(p, lr=lr, fused=True))
-        ours, ref = T.weights(ensemble.member(k, config)), T.weights(alone)  # both in PyTorch's conventions
-        bounds = T.weight_atol(run.grad_norms, run.root_v, rtol, ref)
+        run = C.torch_float64_run(alone, xs, ys, make_optimizer=lambda p: torch.optim.Adam(p, lr=lr, fused=True))
+        ours, ref = C.weights(ensemble.member(k, config)), C.weights(alone)  # both in PyTorch's conventions
+        bounds = C.weight_atol(run.grad_norms, run.root_v, rtol, ref)
         for name in ref:
             layer, leaf = name.rsplit(".", 1)
             r = run.bn_scale.get(layer, 0.0)
             allowed = bounds.get(name, {"mean": rtol * r, "var": 2 * rtol * r**2 * 2}.get(leaf))
             gap = np.abs(ours[name] - ref[name])
             if not np.all(gap <= allowed):  # also fails on NaN
-                raise T.NotTheSameTraining(f"torch.func ensemble, member {k}: {name} differs by {np.max(gap):.2e}, "
+                raise C.NotTheSameTraining(f"torch.func ensemble, member {k}: {name} differs by {np.max(gap):.2e}, "
                                            f"where float64 rounding allows {np.min(allowed):.2e}")
             worst = max(worst, float(np.max(gap / np.maximum(allowed, np.finfo(np.float64).tiny))))
     return worst
