@@ -8,7 +8,7 @@ that keep a core busy beside the checks):
 
     .venv/bin/python scripts/count_exercise_verdicts.py -n 20
     .venv/bin/python scripts/count_exercise_verdicts.py -n 20 --busy 1 --only floor-2 tools-2
-    .venv/bin/python scripts/count_exercise_verdicts.py -n 20 --devices 8 --only scale    # Part IV as on its page
+    .venv/bin/python scripts/count_exercise_verdicts.py -n 20 --devices 8 --only scale    # Part V as on its page
 
 A check's verdict is one of PASSED, SLOW (RIGHT, BUT SLOW), CANNOT TELL (right, but time alone cannot
 tell the reference from the starting program on this machine) and WRONG. The line of an exercise reads
@@ -43,12 +43,12 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", default=None,
                         help="exercise names or part prefixes (default: every timed exercise with a starting program)")
     parser.add_argument("--busy", type=int, default=0, help="processes that keep a core busy beside the checks")
-    parser.add_argument("--devices", type=int, default=0, help="simulated CPU devices (Part IV's pages use 8)")
+    parser.add_argument("--devices", type=int, default=0, help="simulated CPU devices (Part V's pages use 8)")
     args = parser.parse_args()
 
     import fastjax  # noqa: F401  (before JAX starts)
 
-    if args.devices:  # as Part IV's pages ask for them (two XLA threads per device: see use_cpu_devices)
+    if args.devices:  # as Part V's pages ask for them (two XLA threads per device: see use_cpu_devices)
         from fastjax.scale import sharding
 
         sharding.use_cpu_devices(args.devices)

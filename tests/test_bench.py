@@ -26,7 +26,7 @@ def test_main_writes_json_with_stamp_and_every_part(tmp_path, monkeypatch, capsy
     out = tmp_path / "sub" / "bench.json"
     bench.main(["--out", str(out)])
     data = json.loads(out.read_text())
-    assert set(data["parts"]) == {"pln", "resnet", "many"}  # the ladders and Part VI's races
+    assert set(data["parts"]) == {"pln", "resnet", "many"}  # the ladders and Part IV's races
     assert data["stamp"]["jax"] and data["stamp"]["device"]
     slow = data["parts"]["pln"]["rungs"][0]
     assert slow["name"] == "pln slow" and slow["median"] == pytest.approx(2.1e-3)
@@ -137,7 +137,7 @@ def test_part_six_races_are_a_part_of_the_bench_with_their_own_tables(tmp_path, 
     printed = capsys.readouterr().out
     assert all(f"### {what}" in printed for what in bench.MANY.values())
     assert "| pyPLNmodels collection | PyTorch 1 thread | 5 | 5 | 5 | 5 |" in printed  # 5 s, 5× the one program's time
-    assert not (tmp_path / "images").exists()  # no ladder to draw for Part VI
+    assert not (tmp_path / "images").exists()  # no ladder to draw for Part IV
 
 
 def test_part_six_races_are_skipped_with_a_reason_without_torch(monkeypatch, capsys):

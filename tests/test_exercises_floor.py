@@ -1,4 +1,4 @@
-"""Part V's practice exercises (fastjax.exercises.floor): for each one, a right answer passes the check and
+"""Part VI's practice exercises (fastjax.exercises.floor): for each one, a right answer passes the check and
 does not compile again, a plausible wrong answer is named wrong with a message, and a slow answer is named
 slow by a margin that load cannot flip (10x and more, or a retrace, which the check counts)."""
 
@@ -30,7 +30,7 @@ def test_the_four_exercises_are_registered_with_their_page(root):
     toc = (root / "_toc.yml").read_text()
     for name in NAMES:
         e = found[name]
-        assert e.part == "Part V" and e.page == practice.PAGE and e.page in toc and e.minutes > 0
+        assert e.part == "Part VI" and e.page == practice.PAGE and e.page in toc and e.minutes > 0
         assert e.start is STARTS[name] and e.reference is REFERENCES[name]
 
 

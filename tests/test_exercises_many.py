@@ -1,4 +1,4 @@
-"""Part VI's practice exercises (fastjax.exercises.many): for each one, the starting program computes the
+"""Part IV's practice exercises (fastjax.exercises.many): for each one, the starting program computes the
 reference's numbers, the reference passes and does not compile again, a plausible wrong answer is named wrong
 with a message, and a slow answer (or one over many-3's memory budget) is named by a witness that load cannot
 flip: a count of host reads or compilations, or XLA's memory analysis."""
@@ -31,7 +31,7 @@ def test_the_four_exercises_are_registered_with_their_page(root):
     assert "many" in ex.PARTS and practice.PAGE in toc
     for name in NAMES:
         e = found[name]
-        assert e.part == "Part VI" and e.page == practice.PAGE and e.minutes > 0
+        assert e.part == "Part IV" and e.page == practice.PAGE and e.minutes > 0
         assert e.start is STARTS[name] and e.reference is REFERENCES[name]
         assert f'exercises.check("{name}", my_answer)' in page and f"## Exercise {name}:" in page
 

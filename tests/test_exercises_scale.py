@@ -1,4 +1,4 @@
-"""Part IV's practice exercises (fastjax.exercises.scale): for each one, a right answer passes the check and
+"""Part V's practice exercises (fastjax.exercises.scale): for each one, a right answer passes the check and
 does not compile again, a plausible wrong answer is named wrong with a message, and a slow answer is named
 slow by a margin that load cannot flip (10x and more, or a retrace, which the check counts).
 

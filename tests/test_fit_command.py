@@ -215,7 +215,7 @@ def test_importing_the_command_imports_no_jax_flax_torch():
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
 
-# ----------------------------------------------------------------------------- Part VI: --ranks and --bootstrap
+# ----------------------------------------------------------------------------- Part IV: --ranks and --bootstrap
 
 @pytest.mark.parametrize("args, words", [
     (["--ranks", "0-3"], ["--ranks 0-3", "ranks start at 1", "got 0"]),

@@ -1,4 +1,4 @@
-"""Part V's PLN floor (fastjax.pln.floor, exported from chapters/floor/01-02): the hand gradient is
+"""Part VI's PLN floor (fastjax.pln.floor, exported from chapters/floor/01-02): the hand gradient is
 jax.grad's, the packed Rprop is torch's rule to the bit, the fast fit is Part I's fit, bad input is named."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Part V's faster ResNet floor (chapters/floor/03-resnet-floor.md): the same network and losses as
+"""Part VI's faster ResNet floor (chapters/floor/03-resnet-floor.md): the same network and losses as
 Part II's floor, convolutions as patches @ kernel where they give the same numbers, bad batches refused."""
 
 from __future__ import annotations

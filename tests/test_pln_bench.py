@@ -46,7 +46,7 @@ def test_measure_ladder_structure():
     names = [t.name for t in out["rungs"]]
     assert names[:3] == ["1 no-jit", "2 jit", "3 scan"] and any(n.startswith("6 ") for n in names)
     assert all(isinstance(t, Timing) and t.median > 0 for t in out["rungs"] + [out["floor"], out["floor_fast"]])
-    assert out["floor_fast"].name.startswith("Part V floor") and out["floor_fast"].compile_seconds > 0
+    assert out["floor_fast"].name.startswith("Part VI floor") and out["floor_fast"].compile_seconds > 0
     assert out["extra"]["n"] == 16 and out["extra"]["compile_seconds"] > 0
 
 

@@ -202,7 +202,7 @@ def test_race_ratios_of_a_busy_race_are_not_measured():
 def test_conv_kernels_times_each_stage_on_each_side():
     t = B.conv_kernels(CONFIG, BATCH, repeats=1)
     assert len(t) == 2 * 4 * 2  # stages × sides × directions
-    assert "PyTorch backward, stage 1 (4×4, 8 channels)" in t and "Part V patches forward, stage 0 (8×8, 4 channels)" in t
+    assert "PyTorch backward, stage 1 (4×4, 8 channels)" in t and "Part VI patches forward, stage 0 (8×8, 4 channels)" in t
     assert "PyTorch channels_last forward, stage 1 (4×4, 8 channels)" in t
 
 
@@ -263,7 +263,7 @@ def test_threads_sets_both_sides_before_jax_starts(tmp_path):
 
 
 def test_the_race_checks_the_faster_floor_in_float64(floor64):
-    # chapters/resnet/08-pytorch.md checks Part V's floor this way before it races
+    # chapters/resnet/08-pytorch.md checks Part VI's floor this way before it races
     assert B.check_faster_floor(CONFIG, BATCH, floor64) < ladder.WEIGHT_ATOL_F64
 
 

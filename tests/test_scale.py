@@ -1,4 +1,4 @@
-"""Part IV's helpers: the single-cell loader (pln.load_scrna_counts) and fastjax.scale.sharding's checks.
+"""Part V's helpers: the single-cell loader (pln.load_scrna_counts) and fastjax.scale.sharding's checks.
 
 The device tests run in fresh subprocesses: the CPU device count is fixed when JAX's backend starts,
 and this test process may already have started it.

@@ -1,4 +1,4 @@
-"""Part VI's sweep of ResNets as one program (fastjax.resnet.sweep, written in chapters/many/03-resnet-sweep.md):
+"""Part IV's sweep of ResNets as one program (fastjax.resnet.sweep, written in chapters/many/03-resnet-sweep.md):
 each member of the vmapped floor step trains as the floor alone (float64), and each member of the torch.func
 ensemble as its twin alone (float64), at a small size."""
 

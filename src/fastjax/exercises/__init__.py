@@ -56,8 +56,8 @@ import numpy as np
 from fastjax.tools import timing
 
 # A part's prefix in an exercise's name -> the module of this package that registers its exercises.
-PARTS = {"method": "method", "pln": "pln", "resnet": "resnet", "tools": "tools", "scale": "scale",
-         "floor": "floor", "many": "many", "capstone": "capstone"}
+PARTS = {"method": "method", "pln": "pln", "resnet": "resnet", "tools": "tools", "many": "many",
+         "scale": "scale", "floor": "floor", "capstone": "capstone"}  # in the book's order
 # An answer counts as slow when its median passes the reference's by this factor. Two timings of the
 # same program taken in turns on a quiet 2-core CPU differ by up to about 20 % (medians of 5 rounds,
 # chapters/measuring.md); 1.5 leaves room for that and for a busy machine's noise, and still names an

@@ -1,4 +1,4 @@
-"""Part V's practice page's exercises (chapters/floor/05-practice.md): floor-1 to floor-4.
+"""Part VI's practice page's exercises (chapters/floor/05-practice.md): floor-1 to floor-4.
 
 The programs and the reference solutions are the page's, exported to ``floor_code``. Each exercise's
 inputs are made from a fixed seed, small enough that a check runs in seconds, the same in both sizes.
@@ -14,7 +14,7 @@ import numpy as np
 from fastjax.exercises import Exercise, floor_code as code, register, same_arrays
 
 PAGE = "chapters/floor/05-practice"
-PART = "Part V"
+PART = "Part VI"
 SERIES_LENGTH, SERIES = 1000, 256  # floor-1: 256 random walks of 1,000 steps
 ALPHA = 0.3
 UPDATE_SIZE = 2**20  # floor-2: a million float32 parameters, 4 MiB per array

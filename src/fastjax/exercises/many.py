@@ -1,4 +1,4 @@
-"""Part VI's practice page's exercises (chapters/many/04-practice.md): many-1 to many-4.
+"""Part IV's practice page's exercises (chapters/many/04-practice.md): many-1 to many-4.
 
 The programs and the reference solutions are the page's, exported to ``many_code``. Each exercise's inputs
 are the book's data (the oaks counts of Part I, the digits of Part II), made the same way at both sizes,
@@ -24,7 +24,7 @@ from fastjax.exercises import Exercise, many_code as code, register, same_arrays
 from fastjax.tools import memory
 
 PAGE = "chapters/many/04-practice"
-PART = "Part VI"
+PART = "Part IV"
 PCA_TAXA = 10  # many-2: the small problem of Part I's practice page (116 × 10)
 # many-2's new data sets, one per check (``unseen``): the first taxa of the oaks counts, 11 to 114 of them
 NEW_WIDTHS = tuple(range(11, 115))

@@ -1,4 +1,4 @@
-"""Part IV's practice page's exercises (chapters/scale/04-practice.md): scale-1 to scale-4.
+"""Part V's practice page's exercises (chapters/scale/04-practice.md): scale-1 to scale-4.
 
 The programs and the reference solutions are the page's, exported to ``scale_code``. The checks split
 their data over the devices that JAX has when they run (:func:`mesh`): eight simulated CPU devices on the
@@ -22,7 +22,7 @@ from fastjax.exercises import Exercise, register, same_arrays, scale_code as cod
 from fastjax.scale import sharding
 
 PAGE = "chapters/scale/04-practice"
-PART = "Part IV"
+PART = "Part V"
 ENTROPY_CELLS, ENTROPY_GENES = 64, 64  # scale-1: the starting program makes two dispatches per cell
 COVARIANCE_CELLS, COVARIANCE_GENES = 512, 128  # scale-2
 FIT_CELLS, FIT_GENES = 256, 64  # scale-3: what the fit pays besides its arithmetic

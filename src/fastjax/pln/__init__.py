@@ -176,7 +176,7 @@ def poisson_part(m: Any, s: Any, data: PlnData, xp: Any = None) -> Any:
     """The ELBO's elementwise terms, summed: ``Σ_ij[Y(O+M) − exp(O + M + S²/2) + ½ log S²] − Σ_ij log Y!``.
 
     The part of the ELBO that B and Σ do not enter: ``profiled_elbo`` adds ``−(n/2) log|Σ|`` to it, and
-    ``elbo`` the terms in ``Σ⁻¹``. A loss written another way (a sharded covariance, Part IV) adds the
+    ``elbo`` the terms in ``Σ⁻¹``. A loss written another way (a sharded covariance, Part V) adds the
     same terms by calling it. A sum over all samples: split them, and the parts add up.
     """
     xp = _xp_default(xp)

@@ -105,7 +105,7 @@ def measure_ladder(data: pln.PlnData | None = None) -> dict[str, Any]:
         calls[f"6 {how}"] = (python_loop(step, nt), nt)
     fast_args = (p0, data, np.float32(0), np.float32(math.inf))  # tolerance 0: all nt iterations
     fast = compile_time(_fit("fast"), *fast_args, maxiter=nt)
-    calls["Part V floor: hand gradient, packed Rprop"] = (lambda: fast.compiled(*fast_args), nt)
+    calls["Part VI floor: hand gradient, packed Rprop"] = (lambda: fast.compiled(*fast_args), nt)
     calls["floor: AOT-compiled scan"] = (lambda: aot.compiled(p0, data), nt)
     timings = interleaved(calls, cfg.repeats)
     floor = timings.pop()

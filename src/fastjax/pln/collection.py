@@ -1,4 +1,4 @@
-"""Part VI's model maths: PLN-PCA (pyPLNmodels' ``PlnPCA``) with members of several ranks padded to one
+"""Part IV's model maths: PLN-PCA (pyPLNmodels' ``PlnPCA``) with members of several ranks padded to one
 shape, its model-selection criteria, pyPLNmodels' own starts and fits, and the resampled rows of a bootstrap.
 
 PLN-PCA: latent ``Z_i = X_i B + C W_i`` with ``W_i ~ N(0, I_q)`` and loadings ``C`` (p×q), so

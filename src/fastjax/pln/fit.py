@@ -12,13 +12,13 @@ column that counts 0, 1, 2, … and a first row that counts k, k+1, k+2, … are
 and a header of numeric names (``_check_counts_table``). ``--offsets``: log-offsets of
 the counts' shape (as pyPLNmodels takes them: the log of each sample's sequencing depth, say);
 ``--covariates``: numbers, one row per sample (an intercept column is added unless ``--no-intercept``);
-where both files name their rows, the names must agree. The fit is Part V's
+where both files name their rows, the names must agree. The fit is Part VI's
 (``fastjax.pln.floor.fit_fast``, pyPLNmodels' optimizer and stopping rule), in float32; it prints the
 ELBO and, with ``--out``, writes ``M``, ``S``, ``B``, ``Σ`` and the ELBOs. Exit status: 0 fitted, 2 bad
 input (a message naming the file, the row or column and what to do, before JAX is imported), 1 the fit
 or the writing of ``--out`` failed.
 
-Part VI's fits (chapters/many), each one program of many fits (``fastjax.pln.many``, exported from the
+Part IV's fits (chapters/many), each one program of many fits (``fastjax.pln.many``, exported from the
 chapters), in float32, with the same input checks, exit statuses, cache and ``--out``:
 
 - ``--ranks SPEC`` (``1-10``, ``2,4,6``, ``3``, or a mix such as ``1-3,5``): a PLN-PCA of each rank, the
@@ -34,14 +34,14 @@ chapters), in float32, with the same input checks, exit statuses, cache and ``--
   and every refit's coefficients (``write_bootstrap``).
 
 Their programs are cached as the fit's is, under keys that also name the program and its members
-(``cache_what``'s ``program``) and hash Part VI's sources (``MANY_SOURCES``); a loaded one must give every
+(``cache_what``'s ``program``) and hash Part IV's sources (``MANY_SOURCES``); a loaded one must give every
 member's first ELBO as NumPy's float64 does (``check_first_pca_elbos``, ``check_first_bootstrap_elbos``).
 The samples' seed is an input, not part of the program: another seed reuses the program.
 
 What makes it fast (chapters/floor/04-first-result.md measures each step): the data are read and
 checked before JAX is imported; the fit runs as one program, compiled once per data shape and kept in
 the user's cache folder as a serialized executable (``jax.experimental.serialize_executable``); a later
-run loads it without importing the fit's modules (optax, Part V's floor), tracing, lowering or compiling.
+run loads it without importing the fit's modules (optax, Part VI's floor), tracing, lowering or compiling.
 
 What the cache guarantees (``open_cache``, ``load_executable``). Loading a serialized executable runs
 code from the file (it is a pickle, and the executable is machine code), so the command trusts a file
@@ -107,7 +107,7 @@ from fastjax import checks, pln
 PROG = "python -m fastjax.pln.fit"
 CACHE_FORMAT = 2  # bump when what the cache holds changes, so that old files are not read
 FIT_SOURCES = ("__init__.py", "floor.py", "rungs.py", "rprop.py", "fit.py")  # the fit's code, hashed into the key
-MANY_SOURCES = ("many.py", "collection.py")  # and Part VI's, for --ranks and --bootstrap
+MANY_SOURCES = ("many.py", "collection.py")  # and Part IV's, for --ranks and --bootstrap
 FIT_PACKAGES = ("jax", "jaxlib", "optax", "numpy")  # their versions are in the key (optax's code is traced into the fit)
 SLOW_STAGE_SECONDS = 2.0  # a stage that lasts longer gets a progress line
 # XLA's CPU backend at optimization level 0 (LLVM's least work): chapters/floor/04 measures the compile
@@ -400,7 +400,7 @@ def _enough_samples(path: Path, n: int, d: int) -> None:
 # ----------------------------------------------------------------------------- the compiled fit
 
 def fit_program(data: pln.PlnData, tol: Any, target: Any, maxiter: int = pln.MAXITER) -> Any:
-    """Part V's fit from pyPLNmodels' start, as one program: ``F.fit_fast(pln.start(data), data, ...)``."""
+    """Part VI's fit from pyPLNmodels' start, as one program: ``F.fit_fast(pln.start(data), data, ...)``."""
     from fastjax.pln import floor as F
 
     return F.fit_fast(pln.start(data), data, tol, target, maxiter=maxiter)
@@ -448,7 +448,7 @@ def cache_what(shape: tuple[int, int, int], maxiter: int, compile_options: dict[
     """What the compiled fit of ``shape`` (n, p, d) depends on: the versions of jax, jaxlib, optax (traced
     into the fit) and numpy, Python's, the device and the host CPU, every ``JAX_*`` and ``XLA_*``
     environment variable (``XLA_FLAGS`` among them) and the compile options, the shapes, float32,
-    ``maxiter`` and the fit's source files. ``program``: None for the fit; for Part VI's programs what
+    ``maxiter`` and the fit's source files. ``program``: None for the fit; for Part IV's programs what
     they are and how many members (``{"kind": "ranks", "members": 10, "q_max": 10}``, ``{"kind":
     "bootstrap", "members": 201}``), and their source files (``MANY_SOURCES``) join the fit's."""
     import importlib.metadata
@@ -471,7 +471,7 @@ def cache_what(shape: tuple[int, int, int], maxiter: int, compile_options: dict[
 
 def cache_key(shape: tuple[int, int, int], maxiter: int, compile_options: dict[str, Any] | None = None,
               program: dict[str, Any] | None = None) -> str:
-    """The file name of the compiled fit of ``shape`` (n, p, d) (or of Part VI's ``program``): a hash of
+    """The file name of the compiled fit of ``shape`` (n, p, d) (or of Part IV's ``program``): a hash of
     ``cache_what``."""
     what = cache_what(shape, maxiter, compile_options, program)
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
@@ -929,17 +929,17 @@ def fit(data: pln.PlnData, maxiter: int = pln.MAXITER, tol: float = pln.TOL, cac
                      elbos, float(crit.value), program, seconds)
 
 
-# ----------------------------------------------------------------------------- many fits as one program (Part VI)
+# ----------------------------------------------------------------------------- many fits as one program (Part IV)
 
 def collection_program(params: Any, data_and_masks: Any, tol: Any, target: Any, maxiter: int = pln.MAXITER) -> Any:
-    """Part VI's PLN-PCA collection as one program (``fastjax.pln.many.fit_collection``, chapters/many/01)."""
+    """Part IV's PLN-PCA collection as one program (``fastjax.pln.many.fit_collection``, chapters/many/01)."""
     from fastjax.pln import many
 
     return many.fit_collection(params, data_and_masks, tol, target, maxiter=maxiter)
 
 
 def bootstrap_program(samples: pln.PlnData, tol: Any, target: Any, maxiter: int = pln.MAXITER) -> Any:
-    """Part VI's bootstrap as one program (``fastjax.pln.many.bootstrap``, chapters/many/02)."""
+    """Part IV's bootstrap as one program (``fastjax.pln.many.bootstrap``, chapters/many/02)."""
     from fastjax.pln import many
 
     return many.bootstrap(samples, tol, target, maxiter=maxiter)

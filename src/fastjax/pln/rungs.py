@@ -111,7 +111,7 @@ def fit_until_converged(params: tuple[Any, Any], data: pln.PlnData, tol: Any, ta
                         optimizer: Any = pln.optimizer) -> tuple[tuple[Any, Any], Any, pln.Criterion]:
     """Rprop updates of (M, S) in one lax.while_loop until pyPLNmodels' criterion is below ``tol``, the
     ELBO reaches ``target``, or ``maxiter`` updates: final (M, S), the ELBOs (NaN past the end), criterion.
-    ``loss`` (of ``(M, S), data``) and ``optimizer`` (called with no argument) are static: Part V swaps in
+    ``loss`` (of ``(M, S), data``) and ``optimizer`` (called with no argument) are static: Part VI swaps in
     faster ones."""
     tx = optimizer()
     elbos = jnp.full((maxiter,), jnp.nan, dtype=params[0].dtype)

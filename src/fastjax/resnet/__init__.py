@@ -1,5 +1,5 @@
-"""The ResNet example (Part II and Part V, chapter 3): the digits data (``digits``), the network in
+"""The ResNet example (Part II and Part VI, chapter 3): the digits data (``digits``), the network in
 Flax NNX (``resnet_nnx``) and Equinox (``resnet_eqx``), the rungs the chapters teach (``rungs``, and
-Part V's ``floor``: both GENERATED from the chapters), the ladder that binds them (``ladder``) and the
+Part VI's ``floor``: both GENERATED from the chapters), the ladder that binds them (``ladder``) and the
 bench that times it (``bench``).
 """

@@ -28,7 +28,7 @@ LADDER = ("no-jit", "nnx.jit", "eqx.filter_jit", "split/merge", "nnx.cached_part
           "eqx pytree + jax.jit")
 
 
-FASTER_FLOOR = "Part V floor: small convolutions as products"
+FASTER_FLOOR = "Part VI floor: small convolutions as products"
 
 
 def dispatch_floor() -> Callable[[], jax.Array]:
@@ -41,7 +41,7 @@ def measure_ladder(names: tuple[str, ...] | None = None, repeats: int | None = N
     """Seconds per train step of every rung, side by side in one run (round robin), with the
     floor and the dispatch floor, in the sizes in force. Steps are dispatched back to back
     (waiting on the last one): a training loop's view.
-    Part V's faster floor step (same weights, same batch) runs in the same turns.
+    Part VI's faster floor step (same weights, same batch) runs in the same turns.
     Returns ``{"rungs": [Timing], "floor": Timing, "floor_fast": Timing, "dispatch_floor": Timing, "extra": {...}}``."""
     s = settings()
     names = names or LADDER
@@ -54,7 +54,7 @@ def measure_ladder(names: tuple[str, ...] | None = None, repeats: int | None = N
         fns[name] = (lambda r=rung, a=args: r.run(*a))
         per[name] = rung.steps_per_call
     fns["dispatch floor"] = dispatch_floor()
-    fns[FASTER_FLOOR] = _floor_steps(s.config, xs[0], ys[0])[0]["faster floor"]  # Part V's, same weights
+    fns[FASTER_FLOOR] = _floor_steps(s.config, xs[0], ys[0])[0]["faster floor"]  # Part VI's, same weights
     per[FASTER_FLOOR] = 1
     slow = {n: fns.pop(n) for n in list(fns) if n == "no-jit"}
     timings = time_interleaved(fns, repeats, per)
@@ -220,7 +220,7 @@ def trace_ops(trace_file: str | Path, hlo: str) -> list[dict[str, Any]]:
 
 
 def _floor_steps(config: ResNetConfig, x: Any, y: Any) -> tuple[dict[str, Callable[[], Any]], Any]:
-    """Part II's floor step and Part V's faster floor step (``fastjax.resnet.floor.faster_floor_step``,
+    """Part II's floor step and Part VI's faster floor step (``fastjax.resnet.floor.faster_floor_step``,
     chapters/floor/03-resnet-floor.md), jitted, from the same weights, as calls on one batch; checked
     to give the same first loss (``ladder.FIRST_LOSS_RTOL``)."""
     model = resnet_nnx.make_model(config, seed=0)
@@ -234,7 +234,7 @@ def _floor_steps(config: ResNetConfig, x: Any, y: Any) -> tuple[dict[str, Callab
 
 def measure_floor(config: ResNetConfig | None = None, batch: int | None = None,
                   repeats: int | None = None) -> list[Timing]:
-    """Seconds per train step of Part II's floor and Part V's faster floor, side by side in one run, from
+    """Seconds per train step of Part II's floor and Part VI's faster floor, side by side in one run, from
     the same weights on the same batch, in the sizes in force. Returns ``[floor, faster floor]``."""
     s = settings()
     config, batch, repeats = config or s.config, batch or s.batch, repeats or s.repeats

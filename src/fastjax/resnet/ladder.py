@@ -36,7 +36,7 @@ SCAN_K = 10
 # rounding is a large part of it, gets a step that rounding changes by far more than it changes the
 # gradient as a whole. Measured at full size (float32, same start, same batches): the weights of the
 # Equinox twin and of the floor are 1.2e-5 apart after one step and 9.1e-3 after ten (an Adam step moves
-# a weight by about lr = 3e-3), while Part V's faster floor stays 1.1e-5 apart for ten steps; in float64
+# a weight by about lr = 3e-3), while Part VI's faster floor stays 1.1e-5 apart for ten steps; in float64
 # neither difference grows (below). Why the Equinox twin's float32 difference grows, we have not found.
 # A bound that the float32 weights of every such pair meet after n steps is about the distance n steps
 # move a weight, which a wrong step meets too. And a float32 bound on the first gradient is a bound on

@@ -820,7 +820,7 @@ def conv_kernels(config: ResNetConfig | None = None, batch: int | None = None, r
         k = (rng.standard_normal((3, 3, c, c)) / np.sqrt(9 * c)).astype(np.float32)
         g = rng.standard_normal((batch, side, side, c)).astype(np.float32)
         xj, kj, gj = jnp.asarray(x), jnp.asarray(k), jnp.asarray(g)
-        for name, conv in (("XLA convolution", xla), ("Part V patches", patches)):
+        for name, conv in (("XLA convolution", xla), ("Part VI patches", patches)):
             fwd = jax.jit(conv)
             bwd = jax.jit(lambda x_, k_, g_, conv=conv: jax.vjp(conv, x_, k_)[1](g_))
             fns[f"{name} forward, {where}"] = lambda f=fwd, a=xj, b=kj: f(a, b)

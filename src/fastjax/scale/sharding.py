@@ -1,4 +1,4 @@
-"""Part IV's helpers for one process with several devices: ask for simulated CPU devices, build a mesh
+"""Part V's helpers for one process with several devices: ask for simulated CPU devices, build a mesh
 over the samples (or the batch), shard arrays along it, and count the collectives in compiled HLO
 (the instructions, ``count_collectives``, or what one call executes, ``collectives_per_call``).
 ``fit_gaps`` and ``check_same_fit`` hold the rule by which a split PLN fit counts as the same fit.
