@@ -145,6 +145,7 @@ register(Exercise(
     wrong_hint="row t of the history must hold the t-th row given (history.at[t].set(row))",
     slow_hint="each call copies the whole history to change one row, because the caller keeps the old one; "
               "donate it (jax.jit(..., donate_argnums=0)) and XLA writes the row in place",
+    witness=("copies",),  # without donation each call copies the history (one copy instruction per call)
     repeats=2,  # the starting program is 10x slower or more: two rounds say so
 ))
 
