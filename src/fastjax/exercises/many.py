@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastjax import pln
-from fastjax.exercises import Exercise, many_code as code, register, same_arrays, unseen
-from fastjax.tools import memory
+from fastjax.exercises import (Exercise, compiled_for, many_code as code, register, same_arrays, scratch_bytes,
+                               unseen)
 
 PAGE = "chapters/many/04-practice"
 PART = "Part VI"
@@ -149,30 +149,9 @@ class OutOfMemory(MemoryError):
     """many-3's program needs more scratch memory than ``MEMORY_BUDGET_MIB``."""
 
 
-_COMPILED: dict[tuple, tuple] = {}  # (id of the answer, input shapes) -> (answer, compiled program, scratch bytes)
-
-
-def scratch_bytes(answer: Callable[..., Any], *args: Any) -> int:
-    """XLA's scratch memory (temp) of ``jax.jit(answer)`` compiled for ``args``, in bytes."""
-    return _compiled(answer, args)[2]
-
-
-def compiled_for(answer: Callable[..., Any], *args: Any) -> Any:
-    """``jax.jit(answer).lower(*args).compile()``, made once per answer and input shapes and kept."""
-    return _compiled(answer, args)[1]
-
-
-def _compiled(answer: Callable[..., Any], args: tuple) -> tuple:
-    key = (id(answer), tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(args)))
-    if key not in _COMPILED:  # the answer is kept with it, so that its id is not reused
-        compiled = jax.jit(answer).lower(*args).compile()
-        _COMPILED[key] = (answer, compiled, int(memory.memory_stats(compiled)["temp"]))
-    return _COMPILED[key]
-
-
 def run_within_budget(answer: Callable[..., Any], args: tuple) -> Any:
     """Compile ``answer`` for ``args`` (once), and run it, unless its scratch memory exceeds the budget."""
-    _, compiled, temp = _compiled(answer, args)
+    compiled, temp = compiled_for(answer, *args), scratch_bytes(answer, *args)
     if temp > MEMORY_BUDGET_MIB * 2**20:
         raise OutOfMemory(f"the compiled program needs {temp / 2**20:.1f} MiB of scratch memory (XLA's memory "
                           f"analysis), above the budget of {MEMORY_BUDGET_MIB} MiB: a device with that much free "
