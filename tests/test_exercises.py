@@ -371,3 +371,17 @@ def test_the_private_jax_access_lives_in_one_module_and_works_on_this_jax():
     package = pathlib.Path(ex.__file__).parent
     reaching = [p.name for p in package.glob("*.py") if "jax._src" in p.read_text() and p.name != "_jax_private.py"]
     assert reaching == []
+
+
+def test_a_count_the_trace_cannot_show_is_left_out_and_time_decides(monkeypatch):
+    from fastjax.tools import profiling
+
+    real = profiling.read_trace  # as on a device whose runtime does not name the instruction of each event
+    monkeypatch.setattr(profiling, "read_trace", lambda path: [{**e, "args": {}} for e in real(path)])
+    x = jnp.ones((8, 8)) / 8
+    _scanned(x).block_until_ready()
+    counts = ex._trace_counts(lambda: _scanned(x))
+    assert counts["programs"] == 1 and "loops" not in counts and "convolutions" not in counts
+    report = ex.Report("method-toy", right=True, structure=ex.Structure(0, 0, traced=counts),
+                       reference_structure=ex.Structure(0, 0, traced=counts), witness=("loops",))
+    assert report.counted == () and "Not counted here: loops" in report.text()

@@ -144,11 +144,27 @@ def test_resnet_3_the_rolled_scan_is_named_by_its_loop_and_an_unrolled_one_passe
     passes("resnet-3", train_unrolled)
 
 
-def test_floor_1_reverse_mode_is_named_by_its_second_loop():
+def test_floor_1_reverse_mode_is_named_by_the_levels_it_stores():
     from fastjax.exercises import floor_code
 
-    slow_by("floor-1", floor_code.loss_and_grad_autodiff, "loops")
+    slow_by("floor-1", floor_code.loss_and_grad_autodiff, "scratch")
     passes("floor-1", floor_code.loss_and_grad_by_hand)
+
+
+def test_floor_4_an_inverse_per_batch_is_named_and_a_cholesky_factored_once_passes():
+    from jax.scipy.linalg import cho_factor, cho_solve
+
+    from fastjax.exercises import floor_code
+
+    slow_by("floor-4", floor_code.predict_batches_start, "triangular solves")
+    passes("floor-4", floor_code.predict_batches)
+
+    def cholesky_once(x, y, batches):  # another way: the factors once, a solve with them, a kernel per batch
+        k = floor_code.kernel(x, x) + floor_code.NOISE * jnp.eye(x.shape[0])
+        weights = cho_solve(cho_factor(k), y)
+        return jnp.stack([floor_code.kernel(b, x) @ weights for b in batches])
+
+    passes("floor-4", jax.jit(cholesky_once))
 
 
 def test_floor_2_the_pieces_jitted_apart_without_a_host_read_are_named_by_their_programs():

@@ -88,7 +88,7 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # recorded by JAX 
 # The structural witnesses an exercise's lesson can be about, counted on one call (see ``structure``): the
 # first two by hooks (JAX's compile events, the reads of an array's value), the others read off a profiler
 # trace of one call (``jax.profiler.trace``; see ``_trace_counts``).
-TRACE_WITNESSES = ("programs", "loops", "python calls", "convolutions", "all-gathers", "copies")
+TRACE_WITNESSES = ("programs", "loops", "python calls", "convolutions", "all-gathers", "copies", "triangular solves")
 # ...and one read off XLA's memory analysis of the exercise's one program compiled whole (``Exercise.program``)
 WITNESSES = ("compiles", "host reads", *TRACE_WITNESSES, "scratch")
 # A count read off the trace is too high when it is at least this many times the reference's (and above it):
@@ -414,7 +414,8 @@ def _compiled(fn: Callable[..., Any], args: tuple) -> tuple:
 _OPS = {"loops": re.compile(r"^while(\.|$)"),
         "convolutions": re.compile(r"^(wrapped_)?(convolution|conv_general_dilated)(\.|$)"),
         "all-gathers": re.compile(r"^(wrapped_)?all-gather(-start)?(\.|$)"),
-        "copies": re.compile(r"^copy(\.|$)")}
+        "copies": re.compile(r"^copy(\.|$)"),
+        "triangular solves": re.compile(r"^(wrapped_)?triangular[-_]solve(\.|$)")}
 
 
 def _trace_counts(call: Callable[[], Any]) -> dict[str, int]:
@@ -428,7 +429,10 @@ def _trace_counts(call: Callable[[], Any]) -> dict[str, int]:
       iteration; a loop nested in another once per iteration of the outer one);
     - ``python calls``: the Python function calls the profiler's Python tracer recorded.
 
-    Empty where the profiler cannot run (a trace already under way: JAX runs one at a time). A trace of one
+    A count whose kind of event the trace holds none of is left out (not counted): on a device whose runtime
+    does not name the HLO instruction of each event (XLA:CPU does), the loops, convolutions, all-gathers and
+    copies; the Python calls where the Python tracer is off. Empty where the profiler cannot run (a trace
+    already under way: JAX runs one at a time). A trace of one
     call costs milliseconds, and about a second per 100,000 events recorded (an answer that dispatches
     thousands of small programs)."""
     import tempfile
@@ -448,21 +452,25 @@ def _trace_counts(call: Callable[[], Any]) -> dict[str, int]:
         except (FileNotFoundError, ValueError):
             return {}
     counts = dict.fromkeys(TRACE_WITNESSES, 0)
+    seen = set()  # the kinds of event the trace holds: "programs", "python calls", "ops"
     open_until: dict[str, float] = {}  # per thread: the end of the jitted call under way
     for e in events:  # ordered by start
         name = e["name"]
         if name.startswith("PjitFunction("):
+            seen.add("programs")
             if e["ts"] >= open_until.get(e["thread"], -1.0):
                 counts["programs"] += 1
                 open_until[e["thread"]] = e["ts"] + e["dur"]
         elif name.startswith("$"):
+            seen.add("python calls")
             counts["python calls"] += 1
         op = e["args"].get("hlo_op")
         if op:
+            seen.add("ops")
             for witness, pattern in _OPS.items():
                 if pattern.match(op):
                     counts[witness] += 1
-    return counts
+    return {w: n for w, n in counts.items() if (w if w in ("programs", "python calls") else "ops") in seen}
 
 
 _GIVEN: dict[int, set] = {}
@@ -521,7 +529,10 @@ def structure(name: str, answer: Callable[..., Any], warm: bool = True) -> Struc
             args = timing.block(exercise.arguments())
             traced = _trace_counts(lambda: exercise.run(answer, args))
         if "scratch" in exercise.witness and exercise.program is not None:
-            traced["scratch"] = scratch_bytes(exercise.program(answer), *exercise.arguments())
+            try:  # an answer that cannot be compiled whole (a float() inside) gets no count: time decides
+                traced["scratch"] = scratch_bytes(exercise.program(answer), *exercise.arguments())
+            except Exception:  # noqa: BLE001 - JAX raises many kinds of errors for an untraceable function
+                pass
         return Structure(compiles, reads, compiled, traced)
     raise AssertionError("unreachable")
 
@@ -561,11 +572,16 @@ WITNESS_WORDS = {  # witness -> (what was counted, given the count; why it matte
                     "an all-gather copies every device's share to every device"),
     "copies": (lambda n: f"{n} copy instruction(s) run",
                "a copy of a whole buffer on every call is memory traffic the lesson removes"),
+    "triangular solves": (lambda n: f"{n} triangular solve(s) run (a solve, or an inverse, with a factorization "
+                                    "runs two)",
+                          "each factorization of the same matrix, and each inverse, costs as much as the first: "
+                          "factor once, and solve with the factors"),
     "scratch": (lambda n: f"{n / 2**20:.1f} MiB of scratch memory in the compiled program (XLA's memory analysis)",
                 "an intermediate far larger than the inputs and the result is the hot operation's footprint: "
                 "computing it costs as much as it weighs"),
 }
 _NOISE_SHOWN = False  # the note that the machine is busy is shown once per session
+_NO_TRACE = "a profiler trace of a call shows none on this device, or none could be taken"
 
 
 def _short(witness: str, n: int) -> str:
@@ -746,7 +762,7 @@ class Report:
             counts = self._counts(w)
             if counts is None:
                 if w in self.witness and w not in ("compiles", "host reads") and self.structure is not None:
-                    lines.append(f"  Not counted here: {w} ({self.not_counted or 'the profiler could not trace a call'}).")
+                    lines.append(f"  Not counted here: {w} ({self.not_counted or _NO_TRACE}).")
                 continue
             (counted, why), (mine, theirs) = WITNESS_WORDS[w], counts
             if self.too_many(w):
