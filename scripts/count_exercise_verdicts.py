@@ -4,15 +4,18 @@ Not a test: it runs every timed exercise's check ``-n`` times on the starting pr
 reference (each check a full one: structural counts and the race in turns) and prints, per exercise, how
 many of those checks said what they should, with the witness that decided. Run it on the machine whose
 verdicts you want to count (a quiet one, or a busy one with ``--busy``, which starts that many processes
-that keep a core busy beside the checks):
+that keep a core busy beside the checks; ``--busy cores``: one per core):
 
     .venv/bin/python scripts/count_exercise_verdicts.py -n 20
+    .venv/bin/python scripts/count_exercise_verdicts.py -n 20 --busy cores
     .venv/bin/python scripts/count_exercise_verdicts.py -n 20 --busy 1 --only floor-2 tools-2
     .venv/bin/python scripts/count_exercise_verdicts.py -n 20 --devices 8 --only scale    # Part V as on its page
 
-A check's verdict is one of PASSED, SLOW (RIGHT, BUT SLOW), CANNOT TELL (right, but time alone cannot
-tell the reference from the starting program on this machine) and WRONG. The line of an exercise reads
-"start rejected k of n" (SLOW) and "reference accepted k of n" (PASSED), with the other verdicts counted.
+A check's verdict is one of PASSED, SLOW (RIGHT, BUT SLOW), CLOSE (right, and time decides, but the
+answer's time is within 1.25x of its limit), CANNOT TELL (right, but time alone cannot tell the reference
+from the starting program on this machine) and WRONG. The line of an exercise reads "start rejected k of
+n" (SLOW) and "reference accepted k of n" (PASSED), with the other verdicts counted and what decided each
+("counted: programs", or "time: slow"). The last lines are the table, one row per exercise.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import multiprocessing
+import os
 import sys
 import time
 
@@ -34,7 +38,32 @@ def verdict(report) -> str:
         return "WRONG"
     if report.slow:
         return "SLOW"
+    if report.close:
+        return "CLOSE"
     return "CANNOT TELL" if report.undecided else "PASSED"
+
+
+def deciding(report) -> str:
+    """What decided a right report: the witnesses counted too high, else those counted (time a second opinion),
+    else time."""
+    if report.structural_misses:
+        return "counted: " + "+".join(report.structural_misses)
+    if report.counted:
+        return "counted: clean"
+    return f"time: {report.by_time}"
+
+
+def busy_count(value: str) -> int:
+    """``--busy``: a number of spinning processes, or "cores" for one per core of this machine."""
+    if value == "cores":
+        return os.cpu_count() or 1
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--busy takes a number of processes or 'cores'; got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--busy must be 0 or more; got {n}")
+    return n
 
 
 def main() -> int:
@@ -42,7 +71,8 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=20, help="checks per program (default 20)")
     parser.add_argument("--only", nargs="*", default=None,
                         help="exercise names or part prefixes (default: every timed exercise with a starting program)")
-    parser.add_argument("--busy", type=int, default=0, help="processes that keep a core busy beside the checks")
+    parser.add_argument("--busy", type=busy_count, default=0,
+                        help="processes that keep a core busy beside the checks: a number, or 'cores' for one per core")
     parser.add_argument("--devices", type=int, default=0, help="simulated CPU devices (Part V's pages use 8)")
     args = parser.parse_args()
 
@@ -70,24 +100,31 @@ def main() -> int:
             counts = {}
             for who, program in (("start", e.start), ("reference", e.reference)):
                 seen = collections.Counter()
-                deciding = collections.Counter()
+                why = collections.Counter()
                 for _ in range(args.n):
                     report = ex.check(e.name, program)
                     seen[verdict(report)] += 1
-                    deciding["counted: " + "+".join(report.structural_misses) if report.structural_misses
-                             else f"time: {report.by_time}"] += 1
-                counts[who] = (seen, deciding)
+                    why[deciding(report)] += 1
+                counts[who] = (seen, why)
             (s_seen, s_why), (r_seen, r_why) = counts["start"], counts["reference"]
             line = (f"{e.name:10s} witness {'+'.join(e.witness) or 'time':18s} start rejected {s_seen['SLOW']:2d} of "
                     f"{args.n} ({dict(s_seen)}; {dict(s_why)})   reference accepted {r_seen['PASSED']:2d} of {args.n} "
                     f"({dict(r_seen)}; {dict(r_why)})   {time.perf_counter() - t0:.0f} s")
             print(line, flush=True)
-            rows.append(line)
+            rows.append((e.name, "+".join(e.witness) or "time", s_seen["SLOW"], r_seen["PASSED"],
+                         s_seen["CANNOT TELL"] + r_seen["CANNOT TELL"] + s_seen["CLOSE"] + r_seen["CLOSE"]))
     finally:
         stop.set()
         for b in burners:
             b.join(timeout=5)
-    return 0
+    print(f"\n| exercise | witness | start rejected (of {args.n}) | reference accepted (of {args.n}) | "
+          "close or cannot tell |\n|---|---|---|---|---|")
+    for name, witness, rejected, accepted, unsure in rows:
+        print(f"| {name} | {witness} | {rejected} | {accepted} | {unsure} |")
+    short = [name for name, _, rejected, accepted, _ in rows if rejected < args.n or accepted < args.n]
+    print(f"\n{len(rows) - len(short)} of {len(rows)} exercises at {args.n} of {args.n} both ways"
+          + (f"; below: {', '.join(short)}" if short else ""))
+    return 1 if short else 0
 
 
 if __name__ == "__main__":

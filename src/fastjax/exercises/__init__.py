@@ -12,19 +12,26 @@ the reference's (``same``, which raises ``AssertionError`` with a message in pla
 returns the wrong shape or the wrong numbers gets a short message, never a stack trace.
 
 Then it judges the speed with two witnesses. The first is structural and does not depend on time: on one
-more call of the answer, and of the reference, it counts what the exercise's lesson is about (the
-exercise's ``witness``): the compilations of programs of the answer's own (JAX's eager operations, such
-as a slice of an array outside jit, compile once per shape and are not counted), and, where the lesson is
-a host read, the reads of a device value by Python (``float()``, ``np.asarray``, an ``if`` on an array:
+more call of the answer, and of the reference, it counts what the exercise's lesson removes (the
+exercise's ``witness``). Two counts come from hooks: the compilations of programs of the answer's own
+(JAX's eager operations, such as a slice of an array outside jit, compile once per shape and are not
+counted), and the reads of a device value by Python (``float()``, ``np.asarray``, an ``if`` on an array:
 counted where JAX's array hands its value to Python, see ``_HostReads``; ``jax.transfer_guard`` does not
-fire on a CPU, whose arrays already live in host memory). An answer that counts more than the reference is slow,
-whatever the clock says, and the verdict names what was counted. The second witness is time: the answer,
-the reference and the starting program timed in turns (medians of ``repeats`` rounds). Time can only
-tell when the reference beats the starting program by ``TIME_MARGIN`` in that race; then an answer is
-slow when every round of it lands nearer the starting program than the reference (above the geometric
-middle of the two medians, kept between ``SLOW_FACTOR`` and ``SLOW_LIMIT_CAP`` times the reference). When time cannot tell, an
-exercise whose lesson is structural passes on its structure, and one whose lesson is time alone says
-"cannot tell on this machine" rather than PASSED.
+fire on a CPU, whose arrays already live in host memory). The others are read off a profiler trace of one
+more call (``jax.profiler.trace``, see ``_trace_counts``): the programs it dispatched, the XLA loops they
+ran, the Python function calls made, and the convolutions, all-gathers or copies run. An answer that counts
+more compiles or host reads than the reference, or ``TRACE_FACTOR`` times a traced count, is slow, whatever
+the clock says, and the verdict names what was counted and gives the hint written for it.
+
+The second witness is time: the answer, the reference and the starting program timed in turns (medians of
+``repeats`` rounds). Where a witness the exercise names was counted (compiles too, where it names them),
+the verdict rests on the counts, and time is printed as a second opinion. Where none was (an exercise whose lesson no
+count shows, a trace that cannot show it on this machine), time decides: it can tell only when the
+reference beats the starting program by ``TIME_MARGIN`` in that race; then an answer is slow when every
+round of it lands above ``CLOSE_BAND`` times its limit (the geometric middle of the two medians, kept between
+``SLOW_FACTOR`` and ``SLOW_LIMIT_CAP`` times the reference), fine below the limit divided by ``CLOSE_BAND``,
+and "close to the limit" in between; where it cannot tell, the check says so, with what it measured and
+three lines to time the answer by hand, never a fix for a mistake it did not see.
 
     from fastjax import exercises
     exercises.check("pln-1", my_fit)          # a Report: right or not, how fast, what to look at
@@ -43,6 +50,7 @@ import inspect
 import json
 import math
 import os
+import re
 import sys
 import time
 import traceback
@@ -53,6 +61,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from fastjax.exercises import _jax_private
 from fastjax.tools import timing
 
 # A part's prefix in an exercise's name -> the module of this package that registers its exercises.
@@ -76,8 +85,25 @@ SLOW_LIMIT_CAP = 3.0
 # lasts microseconds, below the clock's and the scheduler's noise); a slow program is called once.
 MIN_ROUND_SECONDS = 0.02
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # recorded by JAX once per XLA compilation
-# The structural witnesses an exercise's lesson can be about, counted on one call (see ``structure``)
-WITNESSES = ("compiles", "host reads")
+# The structural witnesses an exercise's lesson can be about, counted on one call (see ``structure``): the
+# first two by hooks (JAX's compile events, the reads of an array's value), the others read off a profiler
+# trace of one call (``jax.profiler.trace``; see ``_trace_counts``).
+TRACE_WITNESSES = ("programs", "loops", "python calls", "convolutions", "all-gathers", "copies", "triangular solves")
+# ...and one read off XLA's memory analysis of the exercise's one program compiled whole (``Exercise.program``)
+WITNESSES = ("compiles", "host reads", *TRACE_WITNESSES, "scratch")
+# A count read off the trace is too high when it is at least this many times the reference's (and above it):
+# the answers that miss a lesson count 2x to 500x the reference's (a loop of one program per step, a walk over
+# the objects per step, a second pass), while a right answer written another way may add a few programs of its
+# own (a jnp.stack of the losses, a slice), or a few Python calls.
+TRACE_FACTOR = 2.0
+# ...and at least this many more than the reference's: a right answer may dispatch two programs of JAX's own
+# beside the reference's one (a transpose of its inputs, a stack of its results), where a loop of one program
+# per step or per member dispatches tens (the pieces of floor-2's update, jitted apart, four against one).
+TRACE_SLACK = {"programs": 2}
+# Within this factor of a limit, time says "close to the limit", neither fine nor slow: the medians of two
+# races of the same program on a busy 2-core machine differ by up to 1.5x (TIME_MARGIN), so a verdict at the
+# line would flip from one check to the next.
+CLOSE_BAND = 1.25
 
 
 def _default_run(answer: Callable[..., Any], args: tuple) -> Any:
@@ -115,6 +141,12 @@ class Exercise:
     # False where the answer is itself a measurement (a timer, as on the Method page): its result is
     # checked against the reference's, and it is not raced (a timer's own speed is not the point)
     timed: bool = True
+    # Where the trace witnesses cannot show the lesson on some machines: "" where they can, else why not,
+    # in words (Part IV's all-gather needs more than one device); then they are not counted, and time decides
+    trace_applies: Callable[[], str] | None = None
+    # The function whose one program holds the lesson, given the answer (tools-1: the answer's jitted
+    # value_and_grad): compiled whole for the run's arguments, its scratch memory is the witness "scratch"
+    program: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None
 
 
 REGISTRY: dict[str, Exercise] = {}
@@ -257,17 +289,11 @@ def _compiling_jax_own_operation() -> bool:
     """Whether the compilation under way is of one of JAX's own eager operations: a primitive applied
     outside jit (``x[:k]`` on an array is a ``dynamic_slice``, compiled once per shape) or a function of
     ``jax.numpy`` called eagerly (``jnp.stack``, jitted by JAX itself). Read from the outermost jitted
-    call on the stack (``cache_miss`` in JAX's pjit, whose ``fun`` is the function being compiled); where
-    none is found, the compilation counts as the answer's own."""
-    frame, fun = sys._getframe(1), None
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "cache_miss" and code.co_filename.replace("\\", "/").endswith("jax/_src/pjit.py"):
-            fun = frame.f_locals.get("fun", fun)  # keep going: the outermost is the one compiled
-        frame = frame.f_back
+    call on the stack (see ``_jax_private``); where none is found, the compilation counts as the answer's own."""
+    fun = _jax_private.outermost_jitted_function(sys._getframe(1))
     if fun is None:
         return False
-    if getattr(fun, "_apply_primitive", False):
+    if _jax_private.is_primitive_application(fun):
         return True
     try:
         fun = inspect.unwrap(fun)
@@ -311,8 +337,7 @@ class _HostReads:
     @classmethod
     @contextlib.contextmanager
     def counting(cls) -> Any:
-        from jax._src.array import ArrayImpl
-
+        ArrayImpl = _jax_private.array_class()
         original = ArrayImpl.__dict__["_value"]
         numpy_originals = {name: getattr(np, name) for name in cls._NUMPY}
 
@@ -341,14 +366,111 @@ class _HostReads:
 @dataclass(frozen=True)
 class Structure:
     """What one call of a program did, counted (not timed): compilations of its own programs (their
-    names in ``compiled``) and reads of device values by Python."""
+    names in ``compiled``), reads of device values by Python, and what a profiler trace of one call shows
+    (``traced``: a count per name of ``TRACE_WITNESSES``; empty where no trace was taken or none could be)."""
 
     compiles: int
     host_reads: int
     compiled: tuple[str, ...] = ()
+    traced: dict[str, int] = field(default_factory=dict, hash=False, compare=False)
 
-    def get(self, witness: str) -> int:
-        return {"compiles": self.compiles, "host reads": self.host_reads}[witness]
+    def get(self, witness: str) -> int | None:
+        """The count of ``witness``; None for a trace witness (or the scratch memory) that was not counted."""
+        if witness in ("compiles", "host reads"):
+            return {"compiles": self.compiles, "host reads": self.host_reads}[witness]
+        return self.traced.get(witness)
+
+
+# ---------------------------------------------------------------- one program compiled whole
+
+_COMPILED: dict[tuple, tuple] = {}  # (id of the function, input shapes) -> (function, compiled program, scratch bytes)
+
+
+def compiled_for(fn: Callable[..., Any], *args: Any) -> Any:
+    """``jax.jit(fn).lower(*args).compile()``, made once per function and input shapes and kept."""
+    return _compiled(fn, args)[1]
+
+
+def scratch_bytes(fn: Callable[..., Any], *args: Any) -> int:
+    """XLA's scratch memory (temp) of ``jax.jit(fn)`` compiled for ``args``, in bytes."""
+    return _compiled(fn, args)[2]
+
+
+def _compiled(fn: Callable[..., Any], args: tuple) -> tuple:
+    from fastjax.tools import memory
+
+    key = (id(fn), tuple((getattr(a, "shape", None), str(getattr(a, "dtype", type(a).__name__)))
+                         for a in jax.tree.leaves(args)))
+    if key not in _COMPILED:  # the function is kept with it, so that its id is not reused
+        compiled = jax.jit(fn).lower(*args).compile()
+        _COMPILED[key] = (fn, compiled, int(memory.memory_stats(compiled)["temp"]))
+    return _COMPILED[key]
+
+
+# ---------------------------------------------------------------- counting what one call runs (a trace)
+
+# XLA's names of the instructions counted (an instruction's event names it: "while.6", "convolution.3",
+# "wrapped_convolution", "all-gather.1", "copy.5"; a fusion named after a JAX convolution: "conv_general_dilated")
+_OPS = {"loops": re.compile(r"^while(\.|$)"),
+        "convolutions": re.compile(r"^(wrapped_)?(convolution|conv_general_dilated)(\.|$)"),
+        "all-gathers": re.compile(r"^(wrapped_)?all-gather(-start)?(\.|$)"),
+        "copies": re.compile(r"^copy(\.|$)"),
+        "triangular solves": re.compile(r"^(wrapped_)?triangular[-_]solve(\.|$)")}
+
+
+def _trace_counts(call: Callable[[], Any]) -> dict[str, int]:
+    """Run ``call()`` (and wait for its result) inside ``jax.profiler.trace``, and count in the trace:
+
+    - ``programs``: the compiled programs dispatched, one ``PjitFunction(...)`` event per jitted call (JAX's
+      C++ dispatcher records one, or two nested, per call; a call's nested events are counted once), eager
+      operations (``x + 1`` outside jit) included, since each is a program too;
+    - ``loops``, ``convolutions``, ``all-gathers``, ``copies``: the events of those HLO instructions as they
+      ran (XLA:CPU records one per instruction run: a ``while`` loop once each time it starts, not per
+      iteration; a loop nested in another once per iteration of the outer one);
+    - ``python calls``: the Python function calls the profiler's Python tracer recorded.
+
+    A count whose kind of event the trace holds none of is left out (not counted): on a device whose runtime
+    does not name the HLO instruction of each event (XLA:CPU does), the loops, convolutions, all-gathers and
+    copies; the Python calls where the Python tracer is off. Empty where the profiler cannot run (a trace
+    already under way: JAX runs one at a time). A trace of one
+    call costs milliseconds, and about a second per 100,000 events recorded (an answer that dispatches
+    thousands of small programs)."""
+    import tempfile
+
+    from fastjax.tools import profiling
+
+    with tempfile.TemporaryDirectory(prefix="fastjax-check-") as folder:
+        try:
+            with jax.profiler.trace(folder):
+                timing.block(call())
+        except RuntimeError as err:  # "Only one profile may be run at a time", a profiler unavailable
+            if "profil" not in str(err).lower():
+                raise
+            return {}
+        try:
+            events = profiling.read_trace(profiling.find_trace(folder))
+        except (FileNotFoundError, ValueError):
+            return {}
+    counts = dict.fromkeys(TRACE_WITNESSES, 0)
+    seen = set()  # the kinds of event the trace holds: "programs", "python calls", "ops"
+    open_until: dict[str, float] = {}  # per thread: the end of the jitted call under way
+    for e in events:  # ordered by start
+        name = e["name"]
+        if name.startswith("PjitFunction("):
+            seen.add("programs")
+            if e["ts"] >= open_until.get(e["thread"], -1.0):
+                counts["programs"] += 1
+                open_until[e["thread"]] = e["ts"] + e["dur"]
+        elif name.startswith("$"):
+            seen.add("python calls")
+            counts["python calls"] += 1
+        op = e["args"].get("hlo_op")
+        if op:
+            seen.add("ops")
+            for witness, pattern in _OPS.items():
+                if pattern.match(op):
+                    counts[witness] += 1
+    return {w: n for w, n in counts.items() if (w if w in ("programs", "python calls") else "ops") in seen}
 
 
 _GIVEN: dict[int, set] = {}
@@ -374,7 +496,9 @@ def unseen(answer: Callable[..., Any], values: Any) -> Any:
 def structure(name: str, answer: Callable[..., Any], warm: bool = True) -> Structure:
     """Count what one call of ``answer`` on fresh arguments of exercise ``name`` does (see
     :class:`Structure`), through the exercise's ``probe`` (else ``run``), after one run that compiles
-    (``warm=True``; skip it where the answer has just run)."""
+    (``warm=True``; skip it where the answer has just run). Where the exercise has a witness read off a trace
+    (``TRACE_WITNESSES``), one more call through ``run`` is traced, its arguments made ready first (so that
+    no work of theirs runs inside the trace)."""
     exercise = get(name)
     call = exercise.probe or exercise.run
     _Compiles.start()
@@ -399,7 +523,17 @@ def structure(name: str, answer: Callable[..., Any], warm: bool = True) -> Struc
             _GIVEN.clear()
             continue
         timing.block(out)
-        return Structure(_Compiles.own - own, reads, tuple(_Compiles.own_names[names:]))
+        compiles, compiled = _Compiles.own - own, tuple(_Compiles.own_names[names:])  # before any other call
+        traced: dict[str, int] = {}
+        if set(exercise.witness) & set(TRACE_WITNESSES) and not (exercise.trace_applies and exercise.trace_applies()):
+            args = timing.block(exercise.arguments())
+            traced = _trace_counts(lambda: exercise.run(answer, args))
+        if "scratch" in exercise.witness and exercise.program is not None:
+            try:  # an answer that cannot be compiled whole (a float() inside) gets no count: time decides
+                traced["scratch"] = scratch_bytes(exercise.program(answer), *exercise.arguments())
+            except Exception:  # noqa: BLE001 - JAX raises many kinds of errors for an untraceable function
+                pass
+        return Structure(compiles, reads, compiled, traced)
     raise AssertionError("unreachable")
 
 
@@ -422,7 +556,46 @@ WITNESS_WORDS = {  # witness -> (what was counted, given the count; why it matte
                              "array, .item(), np.asarray, print)",
                    "each read makes Python wait until the device has computed that value, and splits the work "
                    "into programs around it"),
+    "programs": (lambda n: f"{n} compiled program(s) dispatched (each jitted call, and each JAX operation outside "
+                           "jit, is one)",
+                 "each dispatch costs Python and the runtime some microseconds, and nothing fuses across "
+                 "programs: a loop that calls a program per step, per member or per operation pays it every time"),
+    "loops": (lambda n: f"{n} XLA while loop(s) run (a lax.scan, fori_loop, while_loop or lax.map; a loop inside "
+                        "another counts once per outer iteration)",
+              "a rolled loop runs its iterations one after another, each a trip through the loop's machinery"),
+    "python calls": (lambda n: f"{n} Python function calls (the profiler's Python tracer)",
+                     "Python that runs on every call or step (a walk over the model's objects, a pytree flattened "
+                     "and rebuilt) costs time that the device waits through"),
+    "convolutions": (lambda n: f"{n} convolution instruction(s) run",
+                     "on small images XLA:CPU's convolutions are slow next to one matrix product"),
+    "all-gathers": (lambda n: f"{n} all-gather(s) run",
+                    "an all-gather copies every device's share to every device"),
+    "copies": (lambda n: f"{n} copy instruction(s) run",
+               "a copy of a whole buffer on every call is memory traffic the lesson removes"),
+    "triangular solves": (lambda n: f"{n} triangular solve(s) run (a solve, or an inverse, with a factorization "
+                                    "runs two)",
+                          "each factorization of the same matrix, and each inverse, costs as much as the first: "
+                          "factor once, and solve with the factors"),
+    "scratch": (lambda n: f"{n / 2**20:.1f} MiB of scratch memory in the compiled program (XLA's memory analysis)",
+                "an intermediate far larger than the inputs and the result is the hot operation's footprint: "
+                "computing it costs as much as it weighs"),
 }
+_NOISE_SHOWN = False  # the note that the machine is busy is shown once per session
+_NO_TRACE = "a profiler trace of a call shows none on this device, or none could be taken"
+
+
+def _short(witness: str, n: int) -> str:
+    """A count of ``witness`` as the reference's side of a line: a number, or MiB for the scratch memory."""
+    return f"{n / 2**20:.1f} MiB" if witness == "scratch" else str(n)
+
+
+def timing_cell(name: str) -> str:
+    """Three lines to paste into a cell that time ``my_answer`` against exercise ``name``'s reference by hand,
+    in turns, 15 rounds (``timing.time_interleaved``), each program on arguments of its own."""
+    return (f'    from fastjax.tools import timing; ex = exercises.get("{name}"); a, b = ex.arguments(), ex.arguments()\n'
+            '    t = timing.time_interleaved({"yours": lambda: ex.run(my_answer, a), '
+            '"reference": lambda: ex.run(ex.reference, b)}, repeats=15, sync="each")\n'
+            '    print({k: timing.format_seconds(v.median) for k, v in t.items()})')
 
 
 @dataclass
@@ -430,7 +603,11 @@ class Report:
     """What ``check`` found: ``right`` (the result agrees with the reference); the structural counts of one
     call of the answer and of the reference (``structure``, ``reference_structure``) and the witnesses the
     exercise judges by them (``witness``); the medians (seconds per call) of the answer, the reference and
-    the starting program; and the verdict by time (``by_time``: "fine", "slow" or "cannot tell")."""
+    the starting program; and the verdict by time (``by_time``: "fine", "slow", "close" or "cannot tell").
+
+    Where a witness the exercise names was counted, the verdict rests on the counts alone, and time is printed
+    as a second opinion; where none was, time decides, and an answer within ``CLOSE_BAND`` of its limit is
+    "close to the limit", neither passed nor slow."""
 
     name: str
     right: bool
@@ -442,10 +619,11 @@ class Report:
     reference_structure: Structure | None = None
     witness: tuple[str, ...] = ()  # the exercise's structural witnesses (compiles are always judged)
     slow_factor: float = SLOW_FACTOR
-    by_time: str | None = None  # "fine", "slow", "cannot tell"; None when not timed
+    by_time: str | None = None  # "fine", "slow", "close", "cannot tell"; None when not timed
     hint: str = ""
     hints: dict[str, str] = field(default_factory=dict, repr=False)
     timings: dict[str, timing.Timing] = field(default_factory=dict, repr=False)
+    not_counted: str = ""  # why the trace witnesses were not counted on this machine ("" where they were)
 
     @property
     def compiles(self) -> int:
@@ -456,20 +634,46 @@ class Report:
     def host_reads(self) -> int:
         return self.structure.host_reads if self.structure else 0
 
+    def _counts(self, witness: str) -> tuple[int, int] | None:
+        """(the answer's count, the reference's) of ``witness``; None where it was not counted on both."""
+        if self.structure is None or self.reference_structure is None:
+            return None
+        mine, theirs = self.structure.get(witness), self.reference_structure.get(witness)
+        if mine is None or theirs is None:
+            return None
+        return mine, theirs
+
     def excess(self, witness: str) -> int:
         """How many more ``witness`` (a name of WITNESSES) one call of the answer counted than the reference's."""
-        if self.structure is None:
-            return 0
-        return self.structure.get(witness) - (self.reference_structure.get(witness) if self.reference_structure else 0)
+        counts = self._counts(witness)
+        return 0 if counts is None else counts[0] - counts[1]
+
+    def too_many(self, witness: str) -> bool:
+        """Whether the answer counts too many ``witness``: more than the reference's for compiles and host reads
+        (each is a mistake); for a trace count, at least ``TRACE_FACTOR`` times the reference's and more than
+        ``TRACE_SLACK`` above it."""
+        counts = self._counts(witness)
+        if counts is None:
+            return False
+        mine, theirs = counts
+        if witness not in ("compiles", "host reads"):  # read off a trace, or XLA's memory analysis
+            return mine > theirs + TRACE_SLACK.get(witness, 0) and mine >= TRACE_FACTOR * theirs
+        return mine > theirs
 
     @property
     def judged(self) -> tuple[str, ...]:
         return ("compiles", *[w for w in self.witness if w != "compiles"])
 
     @property
+    def counted(self) -> tuple[str, ...]:
+        """The exercise's witnesses that were counted on both programs (compiles where the exercise names
+        them: its lesson is a retrace): where there is one, the counts decide and time is a second opinion."""
+        return tuple(w for w in self.witness if self._counts(w) is not None)
+
+    @property
     def structural_misses(self) -> list[str]:
-        """The witnesses the answer counts more of than the reference (deterministic: not timed)."""
-        return [w for w in self.judged if self.excess(w) > 0]
+        """The witnesses the answer counts too many of (deterministic: not timed)."""
+        return [w for w in self.judged if self.too_many(w)]
 
     @property
     def retraces(self) -> bool:
@@ -509,48 +713,66 @@ class Report:
         return min(max(math.sqrt(self.gap), self.slow_factor), max(SLOW_LIMIT_CAP, self.slow_factor))
 
     @property
+    def _time_decides(self) -> bool:
+        return self.right and not self.structural_misses and not self.counted
+
+    @property
     def slow(self) -> bool:
-        """Right, but with more of a structural witness than the reference, or slow by time."""
-        return self.right and (bool(self.structural_misses) or self.by_time == "slow")
+        """Right, but with too many of a structural witness, or (where no witness the exercise names was counted)
+        slow by time."""
+        return self.right and (bool(self.structural_misses) or (self._time_decides and self.by_time == "slow"))
+
+    @property
+    def close(self) -> bool:
+        """Right, nothing counted against it, time decides, and the answer's time is within ``CLOSE_BAND``
+        of its limit: neither passed nor slow."""
+        return self._time_decides and self.by_time == "close"
 
     @property
     def undecided(self) -> bool:
-        """Right and structurally clean, but the lesson is time alone and this machine cannot tell the
-        reference from the starting program: neither passed nor slow."""
-        return self.right and not self.slow and self.by_time == "cannot tell" and not self.witness
+        """Right, nothing counted against it, time decides, and this machine cannot tell the reference from
+        the starting program (or the answer's rounds fall on both sides of the line): neither passed nor slow."""
+        return self._time_decides and self.by_time == "cannot tell"
 
     @property
     def passed(self) -> bool:
-        """Right, no structural witness above the reference's, and not slow by time (where time can tell)."""
-        return self.right and not self.slow and not self.undecided
+        """Right, no structural witness too high, and (where time decides) fine by time."""
+        return self.right and not self.slow and not self.undecided and not self.close
 
     def _headline(self) -> str:
         if not self.right:
             return "NOT RIGHT YET"
         if self.slow:
             return "RIGHT, BUT SLOW"
+        if self.close:
+            return "RIGHT; CLOSE TO THE LIMIT"
         if self.undecided:
             return "RIGHT; CANNOT TELL ON THIS MACHINE"
         return "PASSED"
 
     def text(self) -> str:
         """The report in plain words."""
+        global _NOISE_SHOWN
         lines = [f"Exercise {self.name}: {self._headline()}"]
         if not self.right:
             lines.append(f"  {self.problem}")
         else:
             lines.append("  Your answer computes the same as the reference solution.")
-        if self.structure is not None and self.reference_structure is not None:
-            for w in self.judged:
-                counted, why = WITNESS_WORDS[w]
-                mine, theirs = self.structure.get(w), self.reference_structure.get(w)
-                if mine > theirs:
-                    named = (f" ({', '.join(sorted(set(self.structure.compiled)))})"
-                             if w == "compiles" and self.structure.compiled else "")
-                    lines.append(f"  Counted on one call after the first: {counted(mine)}{named}; the reference's: "
-                                 f"{theirs}. {why[0].upper()}{why[1:]}.")
-                elif w in self.witness:
-                    lines.append(f"  Counted on one call after the first: {counted(mine)}, as the reference's ({theirs}).")
+        for w in self.judged:
+            counts = self._counts(w)
+            if counts is None:
+                if w in self.witness and w not in ("compiles", "host reads") and self.structure is not None:
+                    lines.append(f"  Not counted here: {w} ({self.not_counted or _NO_TRACE}).")
+                continue
+            (counted, why), (mine, theirs) = WITNESS_WORDS[w], counts
+            if self.too_many(w):
+                named = (f" ({', '.join(sorted(set(self.structure.compiled)))})"
+                         if w == "compiles" and self.structure.compiled else "")
+                lines.append(f"  Counted on one call after the first: {counted(mine)}{named}; the reference's: "
+                             f"{_short(w, theirs)}. {why[0].upper()}{why[1:]}.")
+            elif w in self.witness:
+                lines.append(f"  Counted on one call after the first: {counted(mine)}; the reference's: "
+                             f"{_short(w, theirs)}.")
         if self.seconds is not None:
             lines.append(f"  Median per call, timed in turns on this machine: yours {timing.format_seconds(self.seconds)}, "
                          f"the reference {timing.format_seconds(self.reference_seconds)}"
@@ -559,29 +781,43 @@ class Report:
                          + f" (yours / reference: {self.ratio:.2f}).")
             if self.start_seconds is not None and self.seconds > 0:
                 lines.append(f"  Next to the starting program, yours is {times_slower(self.seconds, self.start_seconds)}.")
-            if self.by_time == "cannot tell" and self.gap is not None and self.gap < TIME_MARGIN:
-                lines.append(f"  Time cannot tell on this machine: the reference was only {self.gap:.2f}x faster "
-                             f"than the starting program in this race (time tells from {TIME_MARGIN:g}x)"
-                             + (", so the verdict rests on what was counted." if self.witness else
-                                ". Run the check again on a quieter machine, or on a GPU."))
-            elif self.by_time == "cannot tell":
-                lines.append(f"  Time cannot tell on this machine: your rounds fall on both sides of {self.limit:.2f}x "
-                             "the reference's time"
-                             + (", so the verdict rests on what was counted." if self.witness else
-                                ". Run the check again on a quieter machine, or on a GPU."))
-            elif self.by_time == "slow":
-                lines.append(f"  By time it is slow: every round above {self.limit:.2f}x the reference's time, "
-                             "nearer the starting program's than the reference's.")
+            lines += self._time_lines()
         noisy = [t.noise for t in self.timings.values() if t.noise]
-        if noisy:
-            lines.append(f"  The timings may be off: {noisy[0]}. Run the check again on a quiet machine.")
-        if self.hint and not self.passed:
+        if noisy and not _NOISE_SHOWN:
+            _NOISE_SHOWN = True
+            lines.append(f"  The timings may be off: {noisy[0]} (said once per session: it holds for every "
+                         "check while the machine stays busy).")
+        if self.hint and not self.passed and not self.undecided and not self.close:
             lines.append(f"  What to look at: {self._hint()}")
         return "\n".join(lines)
 
+    def _time_lines(self) -> list[str]:
+        """What the race says, and what it weighs in the verdict."""
+        if self.right and (self.counted or self.structural_misses):
+            second = {"fine": "it agrees", "slow": "it would call yours slow",
+                      "close": "it puts yours close to its limit", "cannot tell": "it cannot tell"}.get(self.by_time, "")
+            return [f"  Time is a second opinion here, the verdict rests on what was counted; {second} "
+                    f"(limit {self.limit:.2f}x the reference's time)."] if second else []
+        if self.by_time == "slow":
+            return [f"  By time it is slow: every round above {self.limit * CLOSE_BAND:.2f}x the reference's time "
+                    f"({self.limit:.2f}x, the middle of the reference and the starting program, and "
+                    f"{CLOSE_BAND:g}x for the noise)."]
+        if self.by_time == "close":
+            return [f"  Close to the limit: yours is {self.ratio:.2f}x the reference's time, within {CLOSE_BAND:g}x of "
+                    f"the limit ({self.limit:.2f}x, the middle of the reference and the starting program), where "
+                    "two races of the same program can land on either side. To see it by hand, time it in turns "
+                    "in a cell:", timing_cell(self.name)]
+        if self.by_time == "cannot tell":
+            why = (f"the reference was only {self.gap:.2f}x faster than the starting program in this race (time "
+                   f"tells from {TIME_MARGIN:g}x)" if self.gap is not None and self.gap < TIME_MARGIN else
+                   f"your rounds fall on both sides of {self.limit:.2f}x the reference's time")
+            return [f"  Time cannot tell on this machine: {why}. To see it by hand, time it in turns in a cell:",
+                    timing_cell(self.name)]
+        return []
+
     def _hint(self) -> str:
         if self.right and self.slow:
-            for w in (*self.structural_misses, "time"):
+            for w in self.structural_misses or ["time"]:
                 if w in self.hints:
                     return self.hints[w]
         return self.hint
@@ -703,6 +939,7 @@ def _check(name: str, answer: Callable[..., Any], repeats: int | None, time_it: 
         report.problem = f"Your answer ran once, then raised {_failure(err)} when it was called again"
         return report
     report.reference_structure = structure(name, exercise.reference, warm=False)
+    report.not_counted = exercise.trace_applies() if exercise.trace_applies else ""
     # the second witness: time, in turns
     contenders = {"yours": answer, "reference": exercise.reference}
     is_start = exercise.start is not None and _same_program(answer, exercise.start)
@@ -732,18 +969,22 @@ def _check(name: str, answer: Callable[..., Any], repeats: int | None, time_it: 
 
 def _by_time(report: Report) -> str:
     """The verdict of the race: "cannot tell" unless the reference's median beats the starting program's
-    by ``TIME_MARGIN`` (``report.gap``); else "slow" when every round of the answer is above
-    ``report.limit`` times the reference's median (one slow round of either cannot make it slow), "fine"
-    when the answer's median is within ``report.limit`` of the reference's, and "cannot tell" in between."""
+    by ``TIME_MARGIN`` (``report.gap``); else "slow" when every round of the answer is above ``CLOSE_BAND``
+    times ``report.limit`` times the reference's median (one slow round of either cannot make it slow),
+    "fine" when the answer's median is below ``report.limit / CLOSE_BAND`` times the reference's, "close"
+    when it is within ``CLOSE_BAND`` of the limit, and "cannot tell" when its rounds straddle that band."""
     if report.gap is not None and report.gap < TIME_MARGIN:
         return "cannot tell"
-    if min(report._rounds("yours")) / report.reference_seconds > report.limit:
+    if min(report._rounds("yours")) / report.reference_seconds > report.limit * CLOSE_BAND:
         return "slow"
-    if report.ratio is not None and report.ratio <= report.limit:
+    if report.ratio is not None and report.ratio <= report.limit / CLOSE_BAND:
         return "fine"
+    if report.ratio is not None and report.ratio <= report.limit * CLOSE_BAND:
+        return "close"
     return "cannot tell"
 
 
-__all__ = ["Exercise", "Report", "REGISTRY", "SLOW_FACTOR", "SLOW_LIMIT_CAP", "Structure", "TIME_MARGIN", "WITNESSES",
-           "all_exercises", "check", "compiles_during", "compiles_on_a_second_run", "get", "record", "recorded",
+__all__ = ["CLOSE_BAND", "Exercise", "Report", "REGISTRY", "SLOW_FACTOR", "SLOW_LIMIT_CAP", "Structure", "TIME_MARGIN",
+           "TRACE_FACTOR", "TRACE_WITNESSES", "WITNESSES", "timing_cell",
+           "all_exercises", "check", "compiled_for", "scratch_bytes", "compiles_during", "compiles_on_a_second_run", "get", "record", "recorded",
            "register", "same_arrays", "structure", "times_slower", "unseen"]

@@ -79,7 +79,7 @@ register(Exercise(
     slow_hint="open the hints on the page one at a time: a function defined inside the fit compiles again on "
               "every call; one jitted call per sample pays a dispatch per sample; float() waits for the "
               "device; a Python loop of iterations dispatches once per iteration (lax.scan runs it in one call)",
-    witness=("compiles", "host reads"),
+    witness=("compiles", "host reads", "programs"),
     repeats=3,
 ))
 

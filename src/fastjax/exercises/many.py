@@ -20,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastjax import pln
-from fastjax.exercises import Exercise, many_code as code, register, same_arrays, unseen
-from fastjax.tools import memory
+from fastjax.exercises import (Exercise, compiled_for, many_code as code, register, same_arrays, scratch_bytes,
+                               unseen)
 
 PAGE = "chapters/many/04-practice"
 PART = "Part IV"
@@ -29,8 +29,9 @@ PCA_TAXA = 10  # many-2: the small problem of Part I's practice page (116 × 10)
 # many-2's new data sets, one per check (``unseen``): the first taxa of the oaks counts, 11 to 114 of them
 NEW_WIDTHS = tuple(range(11, 115))
 BOOT_SAMPLES, BOOT_TAXA = 64, 50  # many-3: 64 bootstrap samples of the oaks counts, first 50 taxa
-# many-3: the scratch memory a program may need. The all-at-once program needs about 20 MiB, chunks of 8
-# about 3 MiB (XLA's memory analysis, jax 0.10.2 and 0.12, see notes/TOLERANCES.md): 8 sits 2.5x from both.
+# many-3: the scratch memory a program may need. The all-at-once program needs about 20 MiB, chunks of 16
+# about 5.7 MiB, chunks of 8 about 3 MiB (XLA's memory analysis, jax 0.10.2 and 0.12, see notes/TOLERANCES.md):
+# 8 sits 2.5x from the all-at-once program, and the reference (chunks of 8, the largest within half of it) 2.8x below.
 MEMORY_BUDGET_MIB = 8
 SEEDS = tuple(range(8))  # many-4: the sweep's members
 SWEEP_STEPS, SWEEP_BATCH = 10, 32  # many-4: steps, and digits per batch
@@ -148,34 +149,15 @@ class OutOfMemory(MemoryError):
     """many-3's program needs more scratch memory than ``MEMORY_BUDGET_MIB``."""
 
 
-_COMPILED: dict[tuple, tuple] = {}  # (id of the answer, input shapes) -> (answer, compiled program, scratch bytes)
-
-
-def scratch_bytes(answer: Callable[..., Any], *args: Any) -> int:
-    """XLA's scratch memory (temp) of ``jax.jit(answer)`` compiled for ``args``, in bytes."""
-    return _compiled(answer, args)[2]
-
-
-def compiled_for(answer: Callable[..., Any], *args: Any) -> Any:
-    """``jax.jit(answer).lower(*args).compile()``, made once per answer and input shapes and kept."""
-    return _compiled(answer, args)[1]
-
-
-def _compiled(answer: Callable[..., Any], args: tuple) -> tuple:
-    key = (id(answer), tuple((a.shape, str(a.dtype)) for a in jax.tree.leaves(args)))
-    if key not in _COMPILED:  # the answer is kept with it, so that its id is not reused
-        compiled = jax.jit(answer).lower(*args).compile()
-        _COMPILED[key] = (answer, compiled, int(memory.memory_stats(compiled)["temp"]))
-    return _COMPILED[key]
-
-
 def run_within_budget(answer: Callable[..., Any], args: tuple) -> Any:
     """Compile ``answer`` for ``args`` (once), and run it, unless its scratch memory exceeds the budget."""
-    _, compiled, temp = _compiled(answer, args)
+    compiled, temp = compiled_for(answer, *args), scratch_bytes(answer, *args)
     if temp > MEMORY_BUDGET_MIB * 2**20:
         raise OutOfMemory(f"the compiled program needs {temp / 2**20:.1f} MiB of scratch memory (XLA's memory "
                           f"analysis), above the budget of {MEMORY_BUDGET_MIB} MiB: a device with that much free "
-                          "memory would stop here (RESOURCE_EXHAUSTED)")
+                          "memory would stop here (RESOURCE_EXHAUSTED). The check compiles your whole answer as one "
+                          "program (jax.jit), as the exercise asks: a Python loop over chunks is unrolled into it, and "
+                          "its chunks' scratch adds up; jax.lax.map(..., batch_size=k) keeps one chunk's")
     return compiled(*args)
 
 
@@ -194,11 +176,16 @@ register(Exercise(
     wrong_hint="vmap fit_poisson itself: the design shared (in_axes None), the counts and the offsets mapped over "
                "their columns (in_axes 1), and the taxa first in the result (out_axes 0)",
     slow_hint="one jax.jit(jax.vmap(fit_poisson, in_axes=(None, 1, 1))): one program for all the taxa, called once",
-    witness=("host reads",),  # the starting program reads every fit's coefficients (np.asarray) before the next
+    # the starting program reads every fit's coefficients (np.asarray) before the next, and dispatches a program
+    # per taxon; a lax.map over the taxa is one program whose fits run one after another (loops: the fit's
+    # while loop once per taxon, where the vmap runs each of its loops once for all taxa)
+    witness=("host reads", "programs", "loops"),
     slow_hints={"host reads": "the loop waits for each fit's coefficients (np.asarray) before it starts the next: "
                               "vmap the fit over the taxa, and read the table once, after the one call",
-                "time": "nothing waits, but the loop still dispatches one program per taxon: vmap the fit over "
-                        "the columns, and jit the vmapped function once"},
+                "programs": "nothing waits, but the loop still dispatches one program per taxon: vmap the fit over "
+                            "the columns, and jit the vmapped function once",
+                "loops": "one program, but its taxa run one after another (a lax.map or a loop inside jit runs the "
+                         "fit's loop once per taxon): jax.vmap the fit over the columns instead"},
     repeats=3,  # the loop is 10x slower or more: three rounds say so
 ))
 
@@ -221,12 +208,17 @@ register(Exercise(
                "padding, and count n·q/2 with the mask's sum",
     slow_hint="pad every member to the largest rank and fit them all with one jitted jax.vmap over the masks: "
               "one program, whatever the ranks",
-    witness=("compiles",),  # counted on new data: one program per rank for the loop, one for the padded collection
+    # compiles, counted on new data: one program per rank for the loop, one for the padded collection; a loop
+    # over the padded members calls one program, once per member (programs), and runs the fit's loop once per
+    # member (loops) where the vmap runs it once for all
+    witness=("compiles", "programs", "loops"),
     slow_hints={"compiles": "for new data (the check fits a collection of another number of taxa) your version "
                             "compiled one program per shape: pad every member to the largest rank, mask, and fit "
                             "them with one jitted jax.vmap",
-                "time": "one program compiles, but it still runs member by member: jax.vmap the fit over the "
-                        "masks, so that one call fits every rank"},
+                "programs": "one program compiles, but it still runs member by member: jax.vmap the fit over the "
+                            "masks, so that one call fits every rank",
+                "loops": "one program compiles, but it still runs member by member: jax.vmap the fit over the "
+                         "masks, so that one call fits every rank"},
     repeats=3,
 ))
 
@@ -254,5 +246,6 @@ register(Exercise(
                "state alike; None for the batch): inside it, BatchNorm's axis 0 is the member's own batch. Do not "
                "stack the members by hand, and keep one row of running statistics per member",
     slow_hint="one jax.jit(jax.vmap(train_step, in_axes=(0, None, None))), called once per step for all members",
+    witness=("programs",),  # a loop over the members dispatches a step per member and step; the vmap one per step
     repeats=5,
 ))

@@ -60,11 +60,11 @@ register(Exercise(
     slow_hint="pln.optimizer() returns a new update function at each call, and jax.jit caches by function: a "
               "fit that makes its optimizer and jits its update compiles it again. Make both once, outside "
               "the fit (chapters/pln/02-jit)",
-    witness=("compiles",),
+    witness=("compiles", "programs"),  # programs: a step run op by op dispatches one program per operation
     slow_hints={"compiles": "pln.optimizer() returns a new update function at each call, and jax.jit caches by "
                             "function: a fit that makes its optimizer (or jits a step) inside compiles it again. "
                             "Make the optimizer and the jitted step once, outside the fit (chapters/pln/02-jit)",
-                "time": "nothing compiles again, so the optimizer is made once; but the update runs op by op: "
+                "programs": "nothing compiles again, so the optimizer is made once; but the update runs op by op: "
                         "jit the whole step, gradient and tx.update together (jax.jit of a function that calls "
                         "both), once, outside the fit (chapters/pln/02-jit)"},
     repeats=2,  # the starting program compiles at every call: two rounds say so
@@ -78,6 +78,7 @@ register(Exercise(
     slow_hint="one jitted function whose body is a lax.scan over the iterations (n_iter static), carrying "
               "(params, optimizer state) and returning the ELBOs as the scan's stacked output "
               "(chapters/pln/03-scan)",
+    witness=("programs",),  # the loop dispatches the jitted update once per iteration, the scan once per fit
     repeats=3,
 ))
 
@@ -89,6 +90,7 @@ register(Exercise(
     slow_hint="JAX rebuilds the state a jitted step returns with tree_unflatten; if that runs __init__, Python "
               "recomputes whatever __init__ computes after every step. Carry a NamedTuple (rung 4's PlnState), "
               "or build the object without __init__ (chapters/pln/05-pytree-class)",
+    witness=("programs",),  # __init__ run after every step dispatches its operations, one program each
     repeats=3,
 ))
 
@@ -108,6 +110,6 @@ register(Exercise(
     slow_hint="one jitted lax.while_loop whose state holds the parameters, the optimizer state, the criterion "
               "and the ELBOs (a buffer of pln.MAXITER), and whose condition tests the criterion: no Python "
               "between iterations (rung 3's fit_until_converged, chapters/pln/03-scan)",
-    witness=("host reads",),  # the starting program reads the criterion (float()) at every iteration
+    witness=("host reads", "programs"),  # the starting program reads the criterion (float()) at every iteration
     repeats=2,  # the starting program is 10x slower or more: two rounds say so
 ))

@@ -106,6 +106,7 @@ register(Exercise(
     skill="split once, jit a step on a flat list of arrays (no per-call graph walk)", minutes=20,
     arguments=training_problem, reference=code.train_flat, start=code.train_nnx_jit, run=two_epochs,
     same=_same_losses, repeats=5,
+    witness=("python calls",),  # nnx.jit walks the model and the optimizer in Python on every step
     wrong_hint="after the loop, write the arrays back into both objects: nnx.update((model, optimizer), "
                "jax.tree.unflatten(treedef, leaves)); the second epoch starts from what the first left there",
     slow_hint="take nnx.split (or R.floor_start) out of the loop, and build the jitted step once per structure "
@@ -131,6 +132,7 @@ register(Exercise(
     skill="measure a change meant to help, and undo it when it does not", minutes=20,
     arguments=training_problem, reference=code.train_flat, start=code.train_scan, run=two_epochs,
     same=_same_losses, repeats=5,
+    witness=("loops",),  # the rolled scan runs as an XLA while loop; a loop of jitted steps, or an unrolled scan, has none
     wrong_hint="the scan must carry the state from one step to the next, and the state must go back into the "
                "model and the optimizer after the epoch",
     slow_hint="on XLA:CPU a rolled lax.scan of train steps ran slower than one call per step (chapter 4, "
@@ -142,6 +144,7 @@ register(Exercise(
     skill="the flatten trick: jit a step on a flat list of arrays", minutes=20,
     arguments=eqx_problem, reference=code.train_flat_eqx, start=code.train_filter_jit, run=two_epochs_eqx,
     same=_same_losses, repeats=5,
+    witness=("python calls",),  # eqx.filter_jit partitions and flattens the model in Python on every step
     wrong_hint="return the trained model and states (unflatten the leaves after the loop and eqx.combine the "
                "arrays with the static part), not the ones you were given",
     slow_hint="flatten once before the loop and keep the jitted step where the next call finds it (a "

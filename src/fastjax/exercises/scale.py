@@ -78,6 +78,14 @@ def large_fit_problem() -> tuple:
     return fit_problem(LARGE_FIT_CELLS, LARGE_FIT_GENES)
 
 
+def _several_devices() -> str:
+    """Empty where the mesh has more than one device; else why the lesson cannot show, in words."""
+    if mesh().size > 1:
+        return ""
+    return ("on one device there is nothing to gather: the starting program and the reference are the same "
+            "program. Part IV's pages run on 8 simulated devices (sharding.use_cpu_devices(8), before JAX starts)")
+
+
 def _in_mesh(answer: Callable[..., Any], args: tuple) -> Any:
     m, x = args
     with jax.set_mesh(m):
@@ -111,6 +119,7 @@ register(Exercise(
     same=lambda got, want: same_arrays(got, want, rtol=1e-5, what="the entropies"),
     wrong_hint="each cell's profile is divided by that cell's total (a sum over its genes, axis 1 of counts)",
     slow_hint="one jitted call on the whole array: jax.jit(jax.vmap(cell_entropy))",
+    witness=("programs",),  # the loop dispatches programs per cell; the vmap one for all
     repeats=3,
 ))
 
@@ -122,6 +131,9 @@ register(Exercise(
     wrong_hint="centre each gene on its mean over the cells, and divide by n − 1",
     slow_hint="no reshard of x: jnp.matmul(centred.T, centred, out_sharding=jax.P()) sums each device's "
               "partial product with one all-reduce",
+    # the gather runs only where the mesh has more than one device (Part IV's pages ask for 8); on one device
+    # both programs are the same: nothing to count, and time decides (it cannot tell them apart)
+    witness=("all-gathers",), trace_applies=_several_devices,
 ))
 
 register(Exercise(

@@ -68,6 +68,8 @@ register(Exercise(
                "−(n/2) log|Σ| plus pln.poisson_part",
     slow_hint="profile it (profiling.traced_ops on the compiled value_and_grad): the slowest operations have "
               "n × n results. The regression needs B = (XᵀX)⁻¹XᵀM, a d × p matrix, not the n × n hat matrix",
+    # the hat matrix is an n × n intermediate (2,320², 20 MiB in float32) in the compiled value_and_grad
+    witness=("scratch",), program=value_and_grad_of,
     repeats=3,
 ))
 
@@ -145,6 +147,7 @@ register(Exercise(
     wrong_hint="row t of the history must hold the t-th row given (history.at[t].set(row))",
     slow_hint="each call copies the whole history to change one row, because the caller keeps the old one; "
               "donate it (jax.jit(..., donate_argnums=0)) and XLA writes the row in place",
+    witness=("copies",),  # without donation each call copies the history (one copy instruction per call)
     repeats=2,  # the starting program is 10x slower or more: two rounds say so
 ))
 

@@ -50,7 +50,8 @@ def find_trace(folder: str | Path) -> Path:
 
 def read_trace(path: str | Path) -> list[dict[str, Any]]:
     """The complete events (``"ph": "X"``) of a gzipped Chrome/Perfetto trace: name, thread name,
-    start ``ts`` and duration ``dur`` in µs, ordered by start."""
+    start ``ts`` and duration ``dur`` in µs, and ``args`` (on XLA:CPU an HLO instruction's event names its
+    ``hlo_module``, ``hlo_op`` and ``run_id``), ordered by start."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no trace file at {path}")
@@ -65,7 +66,7 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
     threads = {(e.get("pid"), e.get("tid")): e.get("args", {}).get("name", "")
                for e in raw if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "thread_name"}
     events = [{"name": e.get("name", ""), "thread": threads.get((e.get("pid"), e.get("tid")), str(e.get("tid"))),
-               "ts": float(e["ts"]), "dur": float(e["dur"])}
+               "ts": float(e["ts"]), "dur": float(e["dur"]), "args": e.get("args") or {}}
               for e in raw if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e and "ts" in e]
     if not events:
         raise ValueError(f"{path} holds no timed events (\"ph\": \"X\" with a \"dur\"): "
