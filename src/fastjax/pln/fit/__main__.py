@@ -1,8 +1,6 @@
 """``python -m fastjax.pln.fit``: the command (``cli.main``)."""
 
-import sys
-
-from fastjax.pln.fit.cli import main
+from fastjax.pln.fit.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

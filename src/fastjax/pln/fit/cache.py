@@ -42,6 +42,7 @@ import hmac
 import json
 import os
 import pickle
+import re
 import secrets
 import stat
 import sys
@@ -62,7 +63,8 @@ SECRET_NAME, SECRET_BYTES = "secret.key", 32
 def cache_folder() -> Path:
     """Where the command keeps its compiled fits: ``$XDG_CACHE_HOME/fastjax/pln-fit`` (default
     ``~/.cache/fastjax/pln-fit``)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"  # the XDG spec: a relative one is ignored
     return base / "fastjax" / "pln-fit"
 
 
@@ -150,8 +152,11 @@ def open_cache(folder: str | os.PathLike) -> int:
             except FileNotFoundError:
                 os.mkdir(part, 0o700, dir_fd=fd)
                 new = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except OSError as err:  # ELOOP, ENOTDIR: a symbolic link or a file
-                raise CacheRejected(f"{where}: {err.strerror} (the cache folder must be a folder, not a symbolic link)") from None
+            except NotADirectoryError:
+                raise CacheRejected(f"{where} is not a folder") from None
+            except OSError as err:  # ELOOP: a symbolic link; ENAMETOOLONG
+                raise CacheRejected(f"{short(where)}: {err.strerror} (the cache folder must be a folder, not a symbolic "
+                                    "link)") from None
             os.close(fd)
             fd = new
             _check_folder(fd, where, last=k == len(parts) - 1)
@@ -181,10 +186,63 @@ def _read_own(folder_fd: int, name: str, size: int | None = None) -> bytes | Non
         return f.read() if size is None else f.read(size + 1)
 
 
+def short(text: Any, limit: int = 80) -> str:
+    """``text`` as a message shows it: at most ``limit`` characters, then how many more."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
+def temp_name(name: str) -> str:
+    """The name of a temporary file that will become ``name``: hidden, and naming this process, so that a
+    later run can tell one left by a process that died (SIGKILL, a power cut) from one still being written
+    (``remove_stale_temps``)."""
+    return f".{name}.{os.getpid()}-{secrets.token_hex(6)}.tmp"
+
+
+def remove_stale_temps(folder: str | os.PathLike | int, name: str | None = None) -> list[str]:
+    """Remove the temporary files (``temp_name``) in ``folder`` (a path or an open descriptor) whose process
+    is gone, for the target ``name`` (None: any target); only regular files of yours. Returns their
+    names. A process that was killed while writing left them; a living one is still writing its own."""
+    fd = folder if isinstance(folder, int) else None
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return []
+    gone = []
+    for entry in entries:
+        m = _TEMP.fullmatch(entry)
+        if m is None or (name is not None and m["name"] != name) or _alive(int(m["pid"])):
+            continue
+        try:
+            st = os.stat(entry, dir_fd=fd, follow_symlinks=False) if fd is not None else os.lstat(Path(folder) / entry)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                os.unlink(entry, dir_fd=fd) if fd is not None else os.unlink(Path(folder) / entry)
+                gone.append(entry)
+        except OSError:
+            pass
+    return gone
+
+
+_TEMP = re.compile(r"\.(?P<name>.+)\.(?P<pid>[0-9]+)-[0-9a-f]{12}\.tmp")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
 def _write_own(folder_fd: int, name: str, data: bytes, replace: bool = True) -> None:
     """Write ``data`` to ``name`` in the checked folder through a new temporary file (mode 0600, synced),
-    renamed over ``name`` (``replace``) or linked to it unless it exists; no temporary is left behind."""
-    tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+    renamed over ``name`` (``replace``) or linked to it unless it exists; no temporary is left behind (one
+    left by a process killed meanwhile goes on the next run: ``remove_stale_temps``)."""
+    tmp = temp_name(name)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder_fd)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from fastjax import pln
 from fastjax.pln.fit import STARTED
@@ -21,7 +24,8 @@ from fastjax.pln.fit.fits import (BootstrapResult, RanksResult, fit, fit_bootstr
 from fastjax.pln.fit.options import (LEVEL, check_bootstrap, check_maxiter, check_out, check_seed, check_tol,
                                      parse_ranks)
 from fastjax.pln.fit.output import _print_bootstrap, _print_ranks, write_bootstrap, write_ranks, write_result
-from fastjax.pln.fit.tables import read_data
+from fastjax.pln.fit.run import NotEnoughMemory
+from fastjax.pln.fit.tables import read_input
 
 PROG = "python -m fastjax.pln.fit"
 DESCRIPTION = "Fit a PLN to your own counts with one command, fast from its second run on."
@@ -67,6 +71,11 @@ def _say(caught: list[warnings.WarningMessage], word: str) -> None:
         print(f"{PROG}: {word}: {w.message}", file=sys.stderr)
 
 
+def _finite(a: Any) -> Any:
+    """``a`` as JSON can hold it: ±inf (an unbounded interval) as null."""
+    return np.where(np.isfinite(a), a, None).tolist()
+
+
 def _stages(stamps: list[float], seconds: dict[str, float], program: str) -> list[list[Any]]:
     """The command's stages and their seconds, for --json (python -m imports fastjax and fastjax.pln before
     this module starts: they fall in the rest)."""
@@ -78,14 +87,34 @@ def _stages(stamps: list[float], seconds: dict[str, float], program: str) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command; return its exit status (0 fitted, 2 bad input, 1 the fit or writing --out failed)."""
+    """Run the command; return its exit status (0 fitted, 2 bad input, 1 the fit or writing --out failed,
+    130 interrupted by Ctrl-C: one line, no traceback)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return _fail("interrupted (Ctrl-C); nothing was written", 130)
+
+
+def run() -> None:
+    """The command as a process (``python -m fastjax.pln.fit``, and ``fastjax-fit`` from ``[project.scripts]``):
+    ``main``'s status as its exit status. Interrupted, it exits at once (``os._exit``): the call into XLA
+    still running in a worker thread (``run.interruptible``) cannot be stopped, and would hold the exit."""
+    code = main()
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _main(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
     stamps = [time.perf_counter()]
     try:
         check_tol(args.tol)
         check_maxiter(args.maxiter)
         if args.out is not None:
-            check_out(args.out)
+            check_out(args.out, {"counts": args.counts, "offsets": args.offsets, "covariates": args.covariates})
         ranks = parse_ranks(args.ranks) if args.ranks is not None else None
         n_boot = check_bootstrap(args.bootstrap) if args.bootstrap is not None else None
         if ranks is not None and n_boot is not None:
@@ -95,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         seed = check_seed(args.seed) if args.seed is not None else 0
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            data = read_data(args.counts, args.offsets, args.covariates, intercept=not args.no_intercept)
+            given = read_input(args.counts, args.offsets, args.covariates, intercept=not args.no_intercept)
+            data = given.data
             collection = prepare_ranks(data, ranks) if ranks is not None else None
             boot = prepare_bootstrap(data, n_boot, seed) if n_boot is not None else None
         _say(caught, "note")
@@ -123,31 +153,44 @@ def main(argv: list[str] | None = None) -> int:
     except (FloatingPointError, ValueError) as err:
         _say(caught, "warning")
         return _fail(f"the fit failed: {err}", 1)
+    except NotEnoughMemory as err:
+        _say(caught, "warning")
+        return _fail(f"{err}: give fewer {'refits' if n_boot else 'ranks' if ranks else 'samples'}", 2)
     except MemoryError:
         return _fail("the fits do not fit in memory at once: give fewer ranks or refits", 1)
     _say(caught, "warning")
     n, p, d = data.shape
     stages = _stages(stamps, result.seconds, result.program)
+    shape = dict(n=n, p=p, columns=given.kept, dropped=[given.columns[j] for j in given.dropped])
+    if given.dropped:
+        print(f"{PROG}: note: the columns fitted are the input's but {', '.join(shape['dropped'])} (only zeros), in "
+              "the input's order", file=sys.stderr)
     if isinstance(result, RanksResult):
         if args.json:
             print(json.dumps(dict(ranks=result.ranks, ELBO=result.elbo.tolist(), BIC=result.bic.tolist(),
                                   ICL=result.icl.tolist(), iterations=result.iterations.tolist(),
+                                  converged=(result.iterations < args.maxiter).tolist(),
                                   best_BIC=result.best("BIC"), best_ICL=result.best("ICL"), program=result.program,
-                                  stages=stages)))
+                                  stages=stages, **shape)))
         else:
             _print_ranks(result, data, args.maxiter)
         write = write_ranks
     elif isinstance(result, BootstrapResult):
         if args.json:
             print(json.dumps(dict(refits=int(result.coefs.shape[0]), seed=result.seed, level=result.level,
-                                  B=result.coef.tolist(), low=result.low.tolist(), high=result.high.tolist(),
-                                  program=result.program, stages=stages)))
+                                  B=result.coef.tolist(), low=_finite(result.low), high=_finite(result.high),
+                                  iterations=result.iterations.tolist(),
+                                  converged=(result.iterations < args.maxiter).tolist(),
+                                  empty_columns=[given.kept[j] for j in np.flatnonzero(result.empty.any(axis=0))],
+                                  program=result.program, stages=stages, **shape)))
         else:
-            _print_bootstrap(result, data, intercept=not args.no_intercept)
+            _print_bootstrap(result, data, not args.no_intercept, given.kept, args.maxiter)
         write = write_bootstrap
     else:
         if args.json:
-            print(json.dumps(dict(elbo=result.elbo, iterations=len(result.elbos), program=result.program, stages=stages)))
+            print(json.dumps(dict(elbo=result.elbo, iterations=len(result.elbos),
+                                  converged=[bool(abs(result.criterion) < args.tol)], program=result.program,
+                                  stages=stages, **shape)))
         else:
             stop = "criterion below tol" if abs(result.criterion) < args.tol else f"maxiter {args.maxiter} reached"
             print(f"PLN fit of {n} samples × {p} counts, {d} covariate(s): ELBO {result.elbo:.6g} after "
@@ -155,13 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         write = write_result
     if args.out:
         try:
-            write(result, args.out)
+            write(result, args.out, columns=np.asarray(given.kept), dropped=np.asarray(shape["dropped"], dtype=str))
         except OSError as err:
             return _fail(f"could not write {args.out} ({err.strerror or err}); it is as it was before this run", 1)
     return 0
 
 
-
-def run() -> None:
-    """The ``fastjax-fit`` entry point (``[project.scripts]``): ``main``'s status as the process's."""
-    sys.exit(main())

@@ -236,6 +236,7 @@ class BootstrapResult(NamedTuple):
     iterations: np.ndarray
     program: str
     seconds: dict[str, float]
+    empty: np.ndarray  # (n_boot, p): the refit's rows hold only zeros in that column (its coefficients NaN)
 
 
 def fit_bootstrap(data: pln.PlnData, boot: Bootstrap, maxiter: int = pln.MAXITER, tol: float = pln.TOL,
@@ -262,7 +263,14 @@ def fit_bootstrap(data: pln.PlnData, boot: Bootstrap, maxiter: int = pln.MAXITER
                    first=lambda out: check_first_bootstrap_elbos(out[1], boot.samples), valid=valid)
     (coefs, _, crit), where = run_program(prog, maxiter, cache, progress, compile_options, seconds, t0)
     coefs = np.asarray(coefs, np.float64)
-    low, high = col.percentile_interval(coefs[1:], level)
-    return BootstrapResult(coefs[0], coefs[1:], low, high, level, boot.rows, boot.seed, np.asarray(crit.count),
-                           where, seconds)
+    refits, empty = coefs[1:].copy(), np.asarray(boot.samples.counts)[1:].sum(axis=1) == 0  # (B, p)
+    low, high = col.percentile_interval(refits, level)
+    # A refit whose rows hold only zeros in a column has no finite coefficients there (its fit runs to −∞
+    # the longer it runs, and stops wherever --maxiter leaves it): they are NaN in ``coefs``, and every
+    # coefficient of such a column gets an unbounded interval (−∞, +∞): the resampling says nothing finite.
+    refits[np.broadcast_to(empty[:, None, :], refits.shape)] = np.nan
+    unbounded = empty.any(axis=0)
+    low[:, unbounded], high[:, unbounded] = -np.inf, np.inf
+    return BootstrapResult(coefs[0], refits, low, high, level, boot.rows, boot.seed, np.asarray(crit.count),
+                           where, seconds, empty)
 

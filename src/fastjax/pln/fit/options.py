@@ -11,10 +11,13 @@ from typing import Any
 import numpy as np
 
 from fastjax import checks, pln
+from fastjax.pln.fit.cache import short as _short
 
 MAXITER_LIMIT = 10**6  # the program keeps one float32 ELBO per iteration: 4 MB at this cap
 RANK_LIMIT = 100_000  # --ranks: above any number of count columns this command can fit (checked against p after)
 BOOTSTRAP_LIMIT = 10_000  # --bootstrap: every refit is held in memory at once (oaks: about 0.5 MB per refit)
+RANKS_SPEC_LIMIT = 200  # --ranks: characters (a list of ranges is short; expanding a long one takes long)
+SEED_DIGITS = 40  # --seed: NumPy takes any whole number; more digits than this are a mistake
 LEVEL = 0.95  # --bootstrap's percentile intervals
 
 
@@ -37,6 +40,8 @@ def check_maxiter(maxiter: Any) -> int:
 def parse_ranks(spec: str) -> list[int]:
     """``--ranks``: ``1-10``, ``2,4,6``, ``3`` or a mix (``1-3,5``) as sorted ranks, each once; else ValueError
     naming the part that is wrong."""
+    if len(str(spec)) > RANKS_SPEC_LIMIT:
+        raise ValueError(f"--ranks {_short(spec)}: too long a list; give ranges, such as 1-10 or 1-5,8,10")
     parts = [part.strip() for part in str(spec).split(",")]
     if not any(parts):
         raise ValueError(f"--ranks needs ranks, such as 1-10, 2,4,6 or 3; got {spec!r}")
@@ -72,7 +77,7 @@ def check_bootstrap(value: Any) -> int:
     try:
         n_boot = int(str(value).strip())
     except ValueError:
-        raise ValueError(f"--bootstrap must be a whole number of refits, such as 200; got {value!r}") from None
+        raise ValueError(f"--bootstrap must be a whole number of refits, such as 200; got {_short(repr(value))}") from None
     if n_boot < 2:
         raise ValueError(f"--bootstrap must be at least 2 (the number of refits on resampled rows: 200 is usual); "
                          f"got {n_boot}")
@@ -84,27 +89,41 @@ def check_bootstrap(value: Any) -> int:
 
 def check_seed(value: Any) -> int:
     """``--seed``: a whole number, 0 or more; else ValueError."""
+    if len(str(value).strip()) > SEED_DIGITS:
+        raise ValueError(f"--seed must have at most {SEED_DIGITS} digits; got {_short(str(value).strip())}")
     try:
         seed = int(str(value).strip())
     except ValueError:
-        raise ValueError(f"--seed must be a whole number, such as 0; got {value!r}") from None
+        raise ValueError(f"--seed must be a whole number, such as 0; got {_short(repr(value))}") from None
     if seed < 0:
         raise ValueError(f"--seed must be 0 or more (NumPy's generators take no negative seed); got {seed}")
     return seed
 
 
 
-def check_out(out: str) -> Path:
-    """``--out``: a new or existing ``.npz`` file in a folder that exists and can be written; else ValueError."""
+def check_out(out: str, inputs: dict[str, str | None] | None = None) -> Path:
+    """``--out``: a new or existing ``.npz`` file in a folder that exists and can be written, not a symbolic
+    link (the command replaces the file it names, through a rename: replacing a link would cut it, writing
+    through it would change a file named elsewhere; so it asks for the file's own name), and none of the
+    ``inputs`` (their role, such as "counts", and path: the result would replace the data); else ValueError."""
     path = Path(out)
     if path.suffix.lower() != ".npz":
-        raise ValueError(f"--out {out}: the result is a NumPy .npz archive; give a name that ends in .npz "
+        raise ValueError(f"--out {_short(out)}: the result is a NumPy .npz archive; give a name that ends in .npz "
                          f"(such as {path.with_suffix('.npz').name})")
+    if path.is_symlink():
+        raise ValueError(f"--out {out} is a symbolic link (to {os.readlink(path)}): the command replaces the file it "
+                         "names; give the name of the file itself, or another name")
     if path.is_dir():
         raise ValueError(f"--out {out} is a folder; name a file in it")
     if not path.resolve().parent.is_dir():
         raise ValueError(f"--out: the folder of {out} does not exist")
     if not os.access(path.resolve().parent, os.W_OK):
         raise ValueError(f"--out: the folder of {out} cannot be written: choose another folder")
+    for role, given in (inputs or {}).items():
+        try:
+            same = given is not None and path.exists() and os.path.samefile(path, given)
+        except OSError:
+            same = False
+        if same:
+            raise ValueError(f"--out {out} is the {role} file: the result would replace your data; name another file")
     return path
-

@@ -151,6 +151,63 @@ def _open_or_warn(cache: str | os.PathLike) -> int | None:
 
 
 
+def interruptible(call: Any) -> Any:
+    """``call()``, run in a worker thread while this (the main) thread waits in steps of 0.1 s: Python runs
+    its signal handlers in the main thread between bytecodes only, so a Ctrl-C during one long call into
+    XLA (a compile, a program of many fits) would wait for its end; waiting here, KeyboardInterrupt
+    comes within a step. The worker cannot be stopped: the command then exits (``cli.run``)."""
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["out"] = call()
+        except BaseException as err:  # handed to the main thread
+            box["err"] = err
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    if "err" in box:
+        raise box["err"]
+    return box["out"]
+
+
+class NotEnoughMemory(Exception):
+    """A program that needs more memory than this machine has free (``check_memory``)."""
+
+
+def available_memory() -> int | None:
+    """The bytes this machine can give a process now (Linux's ``MemAvailable``); None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def program_bytes(compiled: Any) -> int | None:
+    """The bytes a compiled program holds while it runs, as XLA plans them (``memory_analysis``: its
+    arguments, outputs and temporaries); None where the backend does not say."""
+    try:
+        m = compiled.memory_analysis()
+        return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
+    except Exception:  # not every backend or loaded executable has one
+        return None
+
+
+def check_memory(compiled: Any, noun: str) -> None:
+    """Raise NotEnoughMemory, with both figures, when ``compiled`` needs more than this machine has free:
+    before it runs, not after it has run for minutes."""
+    need, free = program_bytes(compiled), available_memory()
+    if need is not None and free is not None and need > free:
+        raise NotEnoughMemory(f"the {noun} needs {need / 1e9:.2f} GB of memory at once and this machine has "
+                              f"{free / 1e9:.2f} GB free")
+
+
 class Program(NamedTuple):
     """A program the command compiles once per shape and caches: ``function(*args, maxiter=...)``, what it
     depends on (``cache_what``), its name in messages (``noun``: "fit", "collection", "bootstrap"), the
@@ -189,16 +246,21 @@ def run_program(prog: Program, maxiter: int, cache: str | os.PathLike | None, pr
 
     name = hashlib.sha256(json.dumps(prog.what, sort_keys=True).encode()).hexdigest()[:32] + ".jaxexe"
     folder = _open_or_warn(cache) if cache is not None else None
+    if folder is not None:
+        _cache.remove_stale_temps(folder)
     try:
         out, program = None, "loaded from the cache"
         if folder is not None:
             try:
                 compiled = _cache.load_executable(folder, name, prog.what)
                 if compiled is not None:
+                    check_memory(compiled, prog.noun)
                     seconds["program"], t0 = time.perf_counter() - t0, time.perf_counter()
-                    out = jax.block_until_ready(compiled(*prog.args))
+                    out = interruptible(lambda: jax.block_until_ready(compiled(*prog.args)))
                     seconds["fit"] = time.perf_counter() - t0
                     prog.first(out)
+            except NotEnoughMemory:
+                raise
             except Exception as why:  # CacheRejected, or the program fails to run: never a crash, never its result
                 why = why if isinstance(why, CacheRejected) else f"does not run ({type(why).__name__}: {str(why)[:100]})"
                 warnings.warn(f"the cached {prog.noun} {Path(cache) / name} {why}: removed, compiling again", stacklevel=3)
@@ -211,13 +273,17 @@ def run_program(prog: Program, maxiter: int, cache: str | os.PathLike | None, pr
             with _Progress(prog.compiling, progress):
                 import functools
 
-                lowered = jax.jit(functools.partial(prog.function, maxiter=maxiter)).trace(*prog.args).lower()
-                compiled = lowered.compile(compiler_options=compile_options) if compile_options else lowered.compile()
+                def build() -> Any:
+                    lowered = jax.jit(functools.partial(prog.function, maxiter=maxiter)).trace(*prog.args).lower()
+                    return lowered.compile(compiler_options=compile_options) if compile_options else lowered.compile()
+
+                compiled = interruptible(build)
                 payload = serialized(compiled) if folder is not None else None  # before it runs (``serialized``)
+            check_memory(compiled, prog.noun)
             program = "compiled"
             seconds["program"], t0 = time.perf_counter() - t0, time.perf_counter()
             with _Progress("fitting", progress):
-                out = jax.block_until_ready(compiled(*prog.args))
+                out = interruptible(lambda: jax.block_until_ready(compiled(*prog.args)))
             seconds["fit"] = time.perf_counter() - t0
         prog.valid(out)
         if program == "compiled":

@@ -17,6 +17,8 @@ from __future__ import annotations
 import csv
 import itertools
 import os
+import re
+import time
 import stat
 import warnings
 from pathlib import Path
@@ -30,6 +32,11 @@ MISSING = ("", "NA", "NaN", "nan")  # cells read as missing values (NaN), which 
 FLOAT32_EXACT = 2**24  # the largest count float32 holds exactly, with every integer below it
 # Offsets are logs (of a sample's depth, say): e^25 is 7e10 reads. Larger ones are raw totals, not logs.
 OFFSET_LIMIT = 25.0
+ID_ROWS = 8  # a first column of counts rising strictly over at least this many rows is read as sample IDs
+SETTLE_SECONDS = 2.0  # a text file changed this recently and ending mid-line is checked for growth
+# A first header cell that names sample IDs: the column under it holds row names, numbers or not.
+ID_WORDS = ("sample", "samples", "sample_id", "sampleid", "#sampleid", "sample id", "id", "ids", "index", "name",
+            "names", "barcode", "cell", "cell_id", "run", "accession", "subject")
 WHERE = "(rows and columns count the table's numbers from 0, after any header row and row-name column)"
 
 
@@ -44,7 +51,7 @@ def _is_number(text: str) -> bool:
 def _delimiter(path: Path, first_line: str) -> str | None:
     if path.suffix.lower() in (".tsv", ".tab"):
         return "\t"
-    for sep in (",", "\t", ";"):
+    for sep in ("\t", ";", ","):  # a ';' file writes decimals with commas: ';' before ','
         if sep in first_line:
             return sep
     return None  # runs of spaces
@@ -69,7 +76,19 @@ def _regular_file(path: str | os.PathLike, name: str) -> Path:
 def _text(path: Path, name: str) -> str:
     """The file's text, which must be UTF-8 (a byte-order mark allowed); else a message naming the byte,
     its line and the encoding it looks like."""
+    before = path.stat()
     data = path.read_bytes()
+    if not data.endswith(b"\n") and time.time() - before.st_mtime < SETTLE_SECONDS:
+        time.sleep(0.25)  # a file written a moment ago that ends mid-line: is it still being written?
+    after = path.stat()
+    if len(data) != after.st_size or (before.st_size, before.st_mtime_ns) != (after.st_size, after.st_mtime_ns):
+        raise ValueError(f"{path}: the {name} file changed while it was read (is it still being written?): run the "
+                         "command once it is complete")
+    for magic, kind, fix in ((b"\x1f\x8b", "gzip-compressed", "decompress it first (gunzip)"),
+                             (b"PK\x03\x04", "a zip archive", "extract the table from it (or name a .npz file .npz)"),
+                             (b"\x93NUMPY", "a NumPy .npy file", "give it the suffix .npy")):
+        if data.startswith(magic):
+            raise ValueError(f"{path}: the {name} file is {kind}, not a text table: {fix}")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -91,6 +110,7 @@ class Table(NamedTuple):
     values: np.ndarray
     names: list[str] | None
     header: bool | None
+    columns: list[str] | None = None  # the header's names of the numbers' columns (None: no header)
 
 
 def read_csv(path: str | os.PathLike, name: str) -> Table:
@@ -114,30 +134,45 @@ def read_csv(path: str | os.PathLike, name: str) -> Table:
         return [cell.strip() for cell in row]
 
     top = cells(first[1])
-    header = all(not _is_number(c) and c not in MISSING for c in (top[1:] or top))
     body = ((k, cells(line)) for k, line in lines)
-    k0, row0 = next(body, (None, None)) if header else (first[0], top)
+    second = next(body, (None, None))
+    named = lambda c: not _is_number(c) and c not in MISSING  # noqa: E731
+    # A header: names after the first cell (a taxon may be named NA, as long as one other name is not a
+    # missing value), or numbers after an empty first cell above rows that start with names (pandas'
+    # to_csv of a table with an index and numbered columns).
+    header = (all(not _is_number(c) for c in (top[1:] or top)) and any(named(c) for c in (top[1:] or top))) or (
+        len(top) > 1 and top[0] == "" and second[1] is not None and named(second[1][0]))
+    k0, row0 = second if header else (first[0], top)
+    rest = body if header else itertools.chain([second] if second[0] is not None else [], body)
     if row0 is None:
         raise ValueError(f"{path}: the {name} file has a header and no rows")
+    if header and top[-1] == "" and len(top) == len(row0) + 1:
+        raise ValueError(f"{path}: the header (line {first[0]}) ends with an empty name (a separator at its end): "
+                         f"delete the last {sep or 'space'!r} of that line")
     if header and len(top) not in (len(row0), len(row0) - 1):
         raise ValueError(f"{path}: the header (line {first[0]}) names {len(top)} columns and row 0 (line {k0}) has "
                          f"{len(row0)} cells: give each column one name")
     index = header and (len(top) == len(row0) - 1 or (top[0] == "" and len(top) == len(row0) > 1))
-    names_column = index or (not _is_number(row0[0]) and row0[0] not in MISSING)
+    ids = header and not index and top[0].strip().lower() in ID_WORDS and len(row0) > 1
+    names_column = index or ids or named(row0[0])
     if index:
         warnings.warn(f"{path}: the header does not name the first column: read as row names (the index "
                       f"pandas' to_csv and R's write.csv add), not as {name}", stacklevel=2)
+    if ids and _is_number(row0[0]):
+        warnings.warn(f"{path}: the first column is named {top[0]!r}: read as the samples' names, not as {name}",
+                      stacklevel=2)
+    columns = (top if len(top) == len(row0) - 1 else top[1:] if names_column else top) if header else None
     width = len(row0) - names_column
     if width == 0:
         raise ValueError(f"{path}: line {k0} holds no numbers, only {row0[0][:40]!r}: not a table of {name}")
     values: list[list[float]] = []
     names: list[str] = []
-    for i, (k, row) in enumerate(itertools.chain([(k0, row0)], body)):
+    for i, (k, row) in enumerate(itertools.chain([(k0, row0)], rest)):
         if len(row) != width + names_column:
             raise ValueError(f"{path}: {name} row {i} (line {k}) has {len(row)} cells, row 0 has "
                              f"{width + names_column} (a ragged table): give every row the same number of cells")
         if names_column:
-            if not index and (_is_number(row[0]) or row[0] in MISSING):
+            if not (index or ids) and (_is_number(row[0]) or row[0] in MISSING):
                 raise ValueError(f"{path}: line {k} starts with {row[0]!r} where the rows above start with a "
                                  "name: give every row a name that is not a number, or none")
             names.append(row[0])
@@ -150,10 +185,30 @@ def read_csv(path: str | os.PathLike, name: str) -> Table:
             try:
                 out.append(float(cell))
             except ValueError:
+                comma = sep != "," and re.fullmatch(r"[-+]?[0-9]*,[0-9]+", cell)
+                fix = f"a decimal comma: write {cell.replace(',', '.')}" if comma else "fix that cell"
                 raise ValueError(f"{path}: {name} holds {cell[:40]!r}, not a number, at row {i}, column {j} "
-                                 f"(line {k}) {WHERE}: fix that cell") from None
+                                 f"(line {k}) {WHERE}: {fix}") from None
         values.append(out)
-    return Table(np.array(values, dtype=np.float64), names if names_column else None, header)
+    values = np.array(values, dtype=np.float64)
+    if not header:
+        _numeric_header(path, values, first[0])
+    return Table(values, names if names_column else None, header, columns)
+
+
+def _numeric_header(path: Path, values: np.ndarray, line: int) -> None:
+    """Refuse a first row that reads as numbers but is a header of numeric names (OTU IDs, gene IDs): whole
+    numbers, all different, each above every number below it in its column (as counts, that happens by
+    chance with probability about n⁻ᵖ)."""
+    n, p = values.shape
+    top = values[0]
+    if n < 3 or p < 3 or not np.all(np.isfinite(values)) or np.any(top != np.round(top)):
+        return
+    if len(set(top.tolist())) == p and np.all(top > values[1:].max(axis=0)):
+        shown = ", ".join(f"{v:.0f}" for v in top[:3])
+        raise ValueError(f"{path}: row 0 (line {line}) holds {shown}, …: whole numbers, all different, each above every "
+                         "number below it: a header of numeric names (OTU or gene IDs), not a sample. Give the columns "
+                         f"names that are not numbers (such as otu{top[0]:.0f}), or delete the row")
 
 
 NOT_NUMPY = ("not a NumPy {suffix} file this command can read (NumPy cannot load it without unpickling, which "
@@ -207,9 +262,11 @@ def _same_rows(path: Path, names: list[str] | None, count_names: list[str] | Non
     if names is None:
         return
     if count_names is None:
+        advice = ("encode a category as 0/1 columns, one per level but one" if name == "covariates" else
+                  "log-offsets, one per count")
         raise ValueError(f"{path}: the first column of the {name} holds text ({names[0][:40]!r}, ...), not "
-                         f"numbers: {name} must be numbers (encode a category as 0/1 columns, one per level but "
-                         "one); if it names the samples, give the counts file the same first column")
+                         f"numbers: {name} must be numbers ({advice}); if it names the samples, give the counts "
+                         "file the same first column")
     bad = next((i for i, (a, b) in enumerate(zip(names, count_names)) if a != b), None)
     if bad is not None:
         raise ValueError(f"{path}: row {bad} of the {name} is named {names[bad]!r} where row {bad} of the counts "
@@ -220,10 +277,14 @@ def _check_counts_table(path: Path, table: Table, y: np.ndarray) -> None:
     """Refuse what is not a table of counts although it reads as one: counts float32 cannot hold, and in a
     text file an unnamed index column and a header of numeric names (consecutive integers)."""
     n, p = y.shape
-    if table.header is not None and n >= 3 and p >= 2 and any(np.array_equal(y[:, 0], np.arange(k, n + k)) for k in (0, 1)):
+    first = y[:, 0]
+    counting = n >= 3 and any(np.array_equal(first, np.arange(k, n + k)) for k in (0, 1))
+    rising = n >= ID_ROWS and bool(np.all(np.diff(first) > 0))  # by chance: 1 in n! (40,320 at 8 rows)
+    if table.header is not None and p >= 2 and (counting or rising):
         raise ValueError(f"{path}: column 0 of the counts holds {y[0, 0]:.0f}, {y[1, 0]:.0f}, ..., {y[-1, 0]:.0f} in "
-                         "order: an index column, not counts. Delete it (pandas: to_csv(index=False)), or give the "
-                         "file a header row that leaves that column's name empty")
+                         "order: an index column (sample IDs), not counts. Delete it (pandas: to_csv(index=False)), "
+                         "name it 'sample' in the header, or give the file a header row that leaves that column's "
+                         "name empty")
     if table.header is False and n >= 2 and p >= 3 and np.array_equal(y[0], y[0, 0] + np.arange(p)):
         raise ValueError(f"{path}: row 0 of the counts holds {y[0, 0]:.0f}, {y[0, 1]:.0f}, ..., {y[0, -1]:.0f} in "
                          "order: a header of numeric column names, not counts. Give the columns names that are not "
@@ -237,9 +298,30 @@ def _check_counts_table(path: Path, table: Table, y: np.ndarray) -> None:
                          "command cannot fit it (pyPLNmodels fits in float64)")
 
 
+class Input(NamedTuple):
+    """The input read (``read_input``): the data to fit, the names of the counts' columns as the input has
+    them (the header's, else their numbers from 0), and the numbers of those removed for holding only
+    zeros (``pln.check_pln_data``)."""
+
+    data: pln.PlnData
+    columns: list[str]
+    dropped: list[int]
+
+    @property
+    def kept(self) -> list[str]:
+        """The names of the columns fitted, in the input's order."""
+        return [c for j, c in enumerate(self.columns) if j not in set(self.dropped)]
+
+
 def read_data(counts: str | os.PathLike, offsets: str | os.PathLike | None = None,
               covariates: str | os.PathLike | None = None, intercept: bool = True) -> pln.PlnData:
-    """Read and check the input files; return float64 ``PlnData``: ``pln.check_pln_data``'s checks and the
+    """The data of ``read_input``."""
+    return read_input(counts, offsets, covariates, intercept).data
+
+
+def read_input(counts: str | os.PathLike, offsets: str | os.PathLike | None = None,
+               covariates: str | os.PathLike | None = None, intercept: bool = True) -> Input:
+    """Read and check the input files; return float64 ``PlnData`` (``Input``'s ``data``): ``pln.check_pln_data``'s checks and the
     command's (``_check_counts_table``; offsets that look like logs, at most ``OFFSET_LIMIT``; covariates
     checked in the user's own columns before the intercept is added; more samples than covariates). A
     ``.npz`` counts file may hold ``offsets`` and ``covariates`` too. ``intercept``: a column of ones is
@@ -292,7 +374,8 @@ def read_data(counts: str | os.PathLike, offsets: str | os.PathLike | None = Non
     elif not intercept:
         raise ValueError("--no-intercept needs covariates: a model needs at least one covariate")
     _enough_samples(path, n, 1 if x is None else x.shape[1])
-    return pln.check_pln_data(y, o, x)
+    columns = table.columns if table.columns is not None and len(table.columns) == p else [str(j) for j in range(p)]
+    return Input(pln.check_pln_data(y, o, x), columns, np.flatnonzero(y.sum(axis=0) == 0).tolist())
 
 
 def _enough_samples(path: Path, n: int, d: int) -> None:
