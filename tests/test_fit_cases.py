@@ -339,3 +339,52 @@ def test_converged_per_member_in_json_and_text(tmp_path):
     code, out, err = run([path, "--no-cache", "--maxiter", 10_000, "--tol", "0.01", "--json"])
     assert code == 0, err
     assert json.loads(out)["converged"] == [True]
+
+
+# ----------------------------------------------------------------------------- families of tables (Hypothesis)
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+
+@st.composite
+def tables(draw):
+    """A table of counts (n × p, counts below 50) in one of the ways real tables name their columns and
+    samples: names, numeric IDs as the header (refused), numeric sample IDs under an ID word (row names),
+    a pandas index under numbered columns (row names); with ',', ';' or a tab."""
+    n, p = draw(st.integers(4, 12)), draw(st.integers(3, 6))
+    counts = draw(st.lists(st.lists(st.integers(0, 49), min_size=p, max_size=p), min_size=n, max_size=n))
+    counts = np.array(counts)
+    counts[0, :] += 1  # no column of zeros: they are dropped, tested above
+    kind = draw(st.sampled_from(["names", "numeric_ids", "id_column", "pandas_numbered"]))
+    sep = draw(st.sampled_from([",", ";", "\t"]))
+    ids = draw(st.lists(st.integers(100, 10**7), min_size=p, max_size=p, unique=True))
+    word = draw(st.sampled_from(sorted(fitcmd.tables.ID_WORDS)))
+    sample_ids = draw(st.lists(st.integers(0, 10**6), min_size=n, max_size=n, unique=True))
+    if kind == "names":
+        text = csv_text(counts, header=[f"g{j}" for j in range(p)], sep=sep)
+    elif kind == "numeric_ids":
+        text = csv_text(counts, header=[str(v) for v in ids], sep=sep)
+    elif kind == "id_column":
+        text = csv_text(counts, header=[word] + [f"g{j}" for j in range(p)], names=[str(v) for v in sample_ids], sep=sep)
+    else:
+        text = csv_text(counts, header=[""] + [str(j) for j in range(p)], names=[f"s{i}" for i in range(n)], sep=sep)
+    return kind, text, counts
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tables())
+def test_numeric_headers_id_columns_and_separators(tmp_path, case):
+    kind, text, counts = case
+    # a first column of counts that rises strictly over 8 rows or more is read as sample IDs (by design)
+    hypothesis.assume(not (len(counts) >= fitcmd.tables.ID_ROWS and np.all(np.diff(counts[:, 0]) > 0)))
+    path = tmp_path / "c.csv"
+    path.write_text(text)
+    os.utime(path, (time.time() - 10, time.time() - 10))  # written a while ago: not "still being written"
+    if kind == "numeric_ids":
+        with pytest.raises(ValueError, match="a header of numeric names"):
+            fitcmd.tables.read_input(path)
+        return
+    got = fitcmd.tables.read_input(path)
+    np.testing.assert_array_equal(got.data.counts, counts)
+    assert len(got.columns) == counts.shape[1] and got.dropped == []

@@ -152,9 +152,10 @@ def open_cache(folder: str | os.PathLike) -> int:
             except FileNotFoundError:
                 os.mkdir(part, 0o700, dir_fd=fd)
                 new = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except NotADirectoryError:
-                raise CacheRejected(f"{where} is not a folder") from None
-            except OSError as err:  # ELOOP: a symbolic link; ENAMETOOLONG
+            except OSError as err:  # ENOTDIR, ELOOP: a file or a symbolic link; ENAMETOOLONG
+                link = stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode)
+                if isinstance(err, NotADirectoryError) and not link:
+                    raise CacheRejected(f"{where} is not a folder") from None
                 raise CacheRejected(f"{short(where)}: {err.strerror} (the cache folder must be a folder, not a symbolic "
                                     "link)") from None
             os.close(fd)

@@ -1,7 +1,12 @@
 """The command line: ``python -m fastjax.pln.fit`` (or ``fastjax-fit``) reads its arguments, checks them and
 the input (``tables``), runs the fit (``fits``), prints and writes the result (``output``). Exit status: 0
-fitted, 2 bad input (a message naming the file, the row or column and what to do, before JAX is imported),
-1 the fit or the writing of ``--out`` failed."""
+fitted, 2 bad input (a message naming the file, the row or column and what to do, before JAX is imported;
+or a program larger than the free memory, before it runs), 1 the fit or the writing of ``--out`` failed, 130
+interrupted (Ctrl-C: one line, within a step of ``run.interruptible``).
+
+What the output says: each member's stop (by the tolerance, or at ``--maxiter``; ``--json``'s ``converged``
+list, with ``n`` and ``p`` of the table read), and the columns by the input's names, in its order, with the
+columns dropped for holding only zeros (also in ``--out``: ``columns``, ``dropped``)."""
 
 from __future__ import annotations
 

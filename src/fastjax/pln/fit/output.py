@@ -121,5 +121,5 @@ def _print_bootstrap(result: BootstrapResult, data: pln.PlnData, intercept: bool
     print(f"{inside} of {d * p} coefficients of the fit of all rows lie inside their interval")
     for j in np.flatnonzero(result.empty.any(axis=0)):
         print(f"column {columns[j]} holds only zeros in {int(result.empty[:, j].sum())} of {n_boot} refits: their fit of "
-              "it has no finite coefficients (they run to −∞), so its intervals are unbounded (−inf, inf)")
+              "it has no finite coefficients (they run to −∞), so its intervals are unbounded (-inf, inf)")
     _print_stops(result.iterations < maxiter, maxiter, "fits (all rows and refits)")

@@ -204,7 +204,8 @@ def _numeric_header(path: Path, values: np.ndarray, line: int) -> None:
     top = values[0]
     if n < 3 or p < 3 or not np.all(np.isfinite(values)) or np.any(top != np.round(top)):
         return
-    if len(set(top.tolist())) == p and np.all(top > values[1:].max(axis=0)):
+    consecutive = np.array_equal(top, top[0] + np.arange(p))  # _check_counts_table names that one
+    if not consecutive and len(set(top.tolist())) == p and np.all(top > values[1:].max(axis=0)):
         shown = ", ".join(f"{v:.0f}" for v in top[:3])
         raise ValueError(f"{path}: row 0 (line {line}) holds {shown}, …: whole numbers, all different, each above every "
                          "number below it: a header of numeric names (OTU or gene IDs), not a sample. Give the columns "
