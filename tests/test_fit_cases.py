@@ -388,3 +388,23 @@ def test_numeric_headers_id_columns_and_separators(tmp_path, case):
     got = fitcmd.tables.read_input(path)
     np.testing.assert_array_equal(got.data.counts, counts)
     assert len(got.columns) == counts.shape[1] and got.dropped == []
+
+
+def test_a_folder_in_place_of_the_secret_or_a_program_blames_the_right_file(tmp_path):
+    counts = write(tmp_path / "c.csv", csv_text(COUNTS))
+    cache = tmp_path / "cache"
+    code, _, err = run([counts, "--cache", cache, "--maxiter", MAXITER, "--quiet"])
+    assert code == 0, err
+    (program,) = cache.glob("*.jaxexe")
+    (cache / fitcmd.SECRET_NAME).unlink()
+    (cache / fitcmd.SECRET_NAME).mkdir()
+    code, _, err = run([counts, "--cache", cache, "--maxiter", MAXITER, "--quiet"])
+    assert code == 0, err
+    assert f"its {fitcmd.SECRET_NAME} is not a regular file and cannot be replaced: remove it" in err, err
+    assert program.exists() and "removed" not in err  # the valid program is not blamed
+    (cache / fitcmd.SECRET_NAME).rmdir()
+    program.unlink()
+    program.mkdir()
+    code, _, err = run([counts, "--cache", cache, "--maxiter", MAXITER, "--quiet"])
+    assert code == 0, err
+    assert f"{program} is not a regular file: could not be removed (remove it by hand)" in err, err

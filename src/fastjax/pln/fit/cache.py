@@ -176,10 +176,11 @@ def _read_own(folder_fd: int, name: str, size: int | None = None) -> bytes | Non
         return None
     except OSError as err:
         raise CacheRejected(f"cannot be opened safely ({err.strerror}: a symbolic link?)") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # before fdopen, which refuses a folder with its own error
+        os.close(fd)
+        raise CacheRejected("is not a regular file")
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CacheRejected("is not a regular file")
         if st.st_uid != os.geteuid():
             raise CacheRejected(f"belongs to user id {st.st_uid}, not to you")
         if stat.S_IMODE(st.st_mode) != 0o600:
@@ -272,8 +273,11 @@ def cache_secret(folder_fd: int) -> bytes:
         try:
             key = _read_own(folder_fd, SECRET_NAME, SECRET_BYTES)
         except CacheRejected as why:
+            try:
+                os.unlink(SECRET_NAME, dir_fd=folder_fd)
+            except OSError:  # a folder, say: nothing this command should remove
+                raise CacheRejected(f"its {SECRET_NAME} {why} and cannot be replaced: remove it") from None
             warnings.warn(f"the cache's {SECRET_NAME} {why}: replaced by a new one", stacklevel=2)
-            os.unlink(SECRET_NAME, dir_fd=folder_fd)
             key = None
         if key is not None and len(key) == SECRET_BYTES:
             return key

@@ -248,6 +248,13 @@ def run_program(prog: Program, maxiter: int, cache: str | os.PathLike | None, pr
     folder = _open_or_warn(cache) if cache is not None else None
     if folder is not None:
         _cache.remove_stale_temps(folder)
+        try:
+            _cache.cache_secret(folder)  # a cache whose secret cannot be had is not used: no program is blamed
+        except (CacheRejected, OSError) as why:
+            text = why.strerror if isinstance(why, OSError) and why.strerror else str(why)
+            warnings.warn(f"cache folder {cache} not used: {text}; compiling in memory", stacklevel=3)
+            os.close(folder)
+            folder = None
     try:
         out, program = None, "loaded from the cache"
         if folder is not None:
@@ -263,12 +270,14 @@ def run_program(prog: Program, maxiter: int, cache: str | os.PathLike | None, pr
                 raise
             except Exception as why:  # CacheRejected, or the program fails to run: never a crash, never its result
                 why = why if isinstance(why, CacheRejected) else f"does not run ({type(why).__name__}: {str(why)[:100]})"
-                warnings.warn(f"the cached {prog.noun} {Path(cache) / name} {why}: removed, compiling again", stacklevel=3)
                 out = None
                 try:
                     os.unlink(name, dir_fd=folder)
-                except OSError:
-                    pass
+                    gone = "removed"
+                except OSError:  # a folder in its place, say
+                    gone = "could not be removed (remove it by hand)"
+                warnings.warn(f"the cached {prog.noun} {Path(cache) / name} {why}: {gone}, compiling again",
+                              stacklevel=3)
         if out is None:
             with _Progress(prog.compiling, progress):
                 import functools
