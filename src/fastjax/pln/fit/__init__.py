@@ -15,16 +15,14 @@ compiling (chapters/floor/04-first-result.md measures each step). One module per
 - ``run``: running a program, loaded or compiled, and checking its ELBOs;
 - ``fits``: the fit (Part V's), the PLN-PCA collection and the bootstrap (Part VI's), each one program;
 - ``output``: printing the result and writing ``--out``;
-- ``cli``: the command line (``main``).
+- ``cli``: the command line (``main``); ``clock``: when the command started.
 
 Everything a caller uses is importable from here (``from fastjax.pln import fit; fit.main([...])``).
 """
 
 from __future__ import annotations
 
-import time
-
-STARTED = time.perf_counter()  # the command's stages (--json) are timed from here (after fastjax, fastjax.pln)
+from fastjax.pln.fit.clock import STARTED  # noqa: F401  (first: the command's stages are timed from here)
 
 import fastjax  # noqa: E402,F401  (the CPU workaround, before jax)
 

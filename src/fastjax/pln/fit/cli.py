@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from fastjax import pln
-from fastjax.pln.fit import STARTED
+from fastjax.pln.fit.clock import STARTED
 from fastjax.pln.fit.cache import cache_folder
 from fastjax.pln.fit.fits import (BootstrapResult, RanksResult, fit, fit_bootstrap, fit_ranks, prepare_bootstrap,
                                   prepare_ranks)
