@@ -335,10 +335,12 @@ def oaks_ranks(oaks_csv, tmp_path_factory):
 def test_ranks_on_oaks_print_the_table_they_write(oaks_ranks, oaks_csv):
     text, got = oaks_ranks
     lines = text.splitlines()
-    assert "ranks 1-3 as one program" in lines[0] and lines[1].split() == ["rank", "ELBO", "BIC", "ICL", "iterations"]
+    assert "ranks 1-3 as one program" in lines[0]
+    assert lines[1].split() == ["rank", "ELBO", "BIC", "ICL", "iterations", "stopped"]
     for i, line in enumerate(lines[2:5]):
-        rank, elbo, bic, icl, iterations = line.split()
+        rank, elbo, bic, icl, iterations, *stopped = line.split()
         assert int(rank) == got["ranks"][i] == i + 1 and int(iterations) == got["iterations"][i]
+        assert " ".join(stopped) == ("converged (tol)" if int(iterations) < 400 else "at --maxiter")
         assert (float(elbo), float(bic), float(icl)) == tuple(float(f"{got[k][i]:.8g}") for k in ("ELBO", "BIC", "ICL"))
     best = int(got["best_BIC"])
     assert best == got["ranks"][np.argmin(got["BIC"])] and int(got["best_ICL"]) == got["ranks"][np.argmin(got["ICL"])]
@@ -386,7 +388,8 @@ def test_bootstrap_on_oaks_gives_intervals_around_the_fit_of_all_rows(oaks_csv, 
     # not a rounding bound: with 8 refits the interval's ends lie near the smallest and largest refit, so the fit
     # of all rows falls outside for a few taxa (6 of 114 at seed 0, as chapters/many/02 finds); most lie inside
     assert inside.mean() >= 0.9, inside.mean()
-    row = next(line for line in text.splitlines() if line.split()[:2] == ["intercept", "0"])
+    first = str(got["columns"][0])  # the input's name of its first column
+    row = next(line for line in text.splitlines() if line.split()[:2] == ["intercept", first])
     assert row.split()[2:] == [f"{got[k][0, 0]:.5g}" for k in ("B", "low", "high")]
 
 

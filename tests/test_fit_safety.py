@@ -379,7 +379,7 @@ def test_a_loaded_program_that_fails_to_run_is_removed(clean, tmp_path, monkeypa
     def broken(*args):
         raise TypeError("argument 0 has another shape")
 
-    monkeypatch.setattr(fitcmd, "load_executable", lambda *args: broken)
+    monkeypatch.setattr(fitcmd.cache, "load_executable", lambda *args: broken)
     again = refit(cache, "does not run \\(TypeError: argument 0 has another shape\\): removed, compiling again")
     assert again.program == "compiled, saved to the cache" and the_file(cache).is_file()
     np.testing.assert_array_equal(again.elbos, clean[0].elbos)

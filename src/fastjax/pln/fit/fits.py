@@ -1,0 +1,276 @@
+"""The command's fits: Part VI's fit (``fit``), Part IV's PLN-PCA collection (``fit_ranks``) and bootstrap
+(``fit_bootstrap``), each one program run by ``run.run_program``, with what they take and give.
+
+The fit is Part VI's (``fastjax.pln.floor.fit_fast``, pyPLNmodels' optimizer and stopping rule), in float32.
+Part IV's fits (chapters/many), each one program of many fits (``fastjax.pln.many``, exported from the
+chapters), in float32:
+
+- ``--ranks SPEC``: a PLN-PCA of each rank, the members padded to the largest rank and masked
+  (``many.fit_collection``), each from a start of pyPLNmodels' kind computed in NumPy
+  (``collection.pca_start``) and stopped by pyPLNmodels' rule. A rank is at most the number of count
+  columns, and than n − 1.
+- ``--bootstrap B``: B refits of Part I's PLN on samples of the rows drawn with replacement
+  (``collection.bootstrap_samples``) and the fit of all the rows, as one program (``many.bootstrap``). A
+  sample whose covariates are not of full column rank is bad input.
+
+Their programs are cached as the fit's is, under keys that also name the program and its members
+(``cache_what``'s ``program``) and hash Part IV's sources (``MANY_SOURCES``); a loaded one must give every
+member's first ELBO as NumPy's float64 does (``check_first_pca_elbos``, ``check_first_bootstrap_elbos``).
+The samples' seed is an input, not part of the program: another seed reuses the program.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fastjax import pln
+from fastjax.pln.fit.cache import cache_what
+from fastjax.pln.fit.options import LEVEL, check_maxiter, check_tol, ranks_text
+from fastjax.pln.fit.run import (Program, _float32, _import_jax, _member, check_first_bootstrap_elbos,
+                                 check_first_elbo, check_first_pca_elbos, checked_elbos, run_program)
+
+
+def fit_program(data: pln.PlnData, tol: Any, target: Any, maxiter: int = pln.MAXITER) -> Any:
+    """Part VI's fit from pyPLNmodels' start, as one program: ``F.fit_fast(pln.start(data), data, ...)``."""
+    from fastjax.pln import floor as F
+
+    return F.fit_fast(pln.start(data), data, tol, target, maxiter=maxiter)
+
+
+_EXPORT_REGISTERED: list[bool] = []
+
+
+def register_for_export() -> None:
+    """Let ``jax.export`` serialize the fit's pytrees (``pln.PlnData`` in, ``pln.Criterion`` out), once per
+    process: a process that deserializes an exported fit must call it too."""
+    if _EXPORT_REGISTERED:
+        return
+    from jax import export
+
+    for cls in (pln.PlnData, pln.Criterion):
+        export.register_namedtuple_serialization(cls, serialized_name=f"fastjax.pln.{cls.__name__}")
+    _EXPORT_REGISTERED.append(True)
+
+
+
+class FitResult(NamedTuple):
+    """A fit: ``M``, ``S`` (n×p), ``B`` (d×p), ``Σ`` (p×p) in float64 NumPy, the ELBO of each iteration,
+    the criterion at the end, where the program came from and the seconds of each stage."""
+
+    m: np.ndarray
+    s: np.ndarray
+    coef: np.ndarray
+    covariance: np.ndarray
+    elbos: np.ndarray
+    criterion: float
+    program: str
+    seconds: dict[str, float]
+
+    @property
+    def elbo(self) -> float:
+        """The last ELBO."""
+        return float(self.elbos[-1])
+
+
+
+def fit(data: pln.PlnData, maxiter: int = pln.MAXITER, tol: float = pln.TOL, cache: str | os.PathLike | None = None,
+        progress: bool = False, compile_options: dict[str, Any] | None = None) -> FitResult:
+    """Fit ``data`` (NumPy ``PlnData``, e.g. from ``read_data``) with ``fit_program``, compiled once per
+    shape (with XLA's ``compile_options``, e.g. ``QUICK_COMPILE``): loaded from ``cache`` (a folder; None:
+    no cache) when this command saved it there before (module docstring: the checks). Problems with the
+    cache are warnings (UserWarning, one line each); FloatingPointError when the fit fails."""
+    maxiter, tol = check_maxiter(maxiter), check_tol(tol)
+    seconds, t0 = _import_jax()
+    n, p, _ = data.shape
+    prog = Program(fit_program, (_float32(data), np.float32(tol), np.float32(np.inf)),
+                   cache_what(data.shape, maxiter, compile_options), "fit",
+                   f"compiling the fit for {n}×{p} counts (once per shape)",
+                   first=lambda out: check_first_elbo(out[1], data), valid=lambda out: checked_elbos(out[1], out[2]))
+    ((m, s), elbos, crit), program = run_program(prog, maxiter, cache, progress, compile_options, seconds, t0)
+    elbos = checked_elbos(elbos, crit)
+    m, s = np.asarray(m, np.float64), np.asarray(s, np.float64)
+    x = np.asarray(data.covariates, np.float64)
+    return FitResult(m, s, pln.closed_form_coef(x, m, np), pln.closed_form_covariance(x, m, s, np),
+                     elbos, float(crit.value), program, seconds)
+
+
+def collection_program(params: Any, data_and_masks: Any, tol: Any, target: Any, maxiter: int = pln.MAXITER) -> Any:
+    """Part IV's PLN-PCA collection as one program (``fastjax.pln.many.fit_collection``, chapters/many/01)."""
+    from fastjax.pln import many
+
+    return many.fit_collection(params, data_and_masks, tol, target, maxiter=maxiter)
+
+
+def bootstrap_program(samples: pln.PlnData, tol: Any, target: Any, maxiter: int = pln.MAXITER) -> Any:
+    """Part IV's bootstrap as one program (``fastjax.pln.many.bootstrap``, chapters/many/02)."""
+    from fastjax.pln import many
+
+    return many.bootstrap(samples, tol, target, maxiter=maxiter)
+
+
+class Collection(NamedTuple):
+    """The members of a PLN-PCA collection before the fit: their ranks, their starts (``collection.pca_start``,
+    float64, padded to the largest rank by ``collection.pad``) and their masks."""
+
+    ranks: list[int]
+    starts: Any
+    masks: np.ndarray
+
+
+def prepare_ranks(data: pln.PlnData, ranks: list[int]) -> Collection:
+    """Check ``ranks`` against ``data`` (each at most the number of count columns, and than n − 1) and draw
+    each member's start (NumPy, before JAX); else ValueError."""
+    from fastjax.pln import collection as col
+
+    n, p, _ = data.shape
+    if ranks[-1] > p:
+        raise ValueError(f"--ranks {ranks_text(ranks)}: rank {ranks[-1]} is above the number of count columns, {p} "
+                         "(after any column of zeros is removed): a rank is at most that")
+    if ranks[-1] > n - 1:
+        raise ValueError(f"--ranks {ranks_text(ranks)}: rank {ranks[-1]} needs more samples: the PCA that starts a "
+                         f"member has at most n − 1 = {n - 1} components for {n} samples")
+    starts, masks = col.pad([col.pca_start(data, q) for q in ranks])
+    return Collection(ranks, starts, masks)
+
+
+class Bootstrap(NamedTuple):
+    """A bootstrap before the fit: the samples, member 0 all the rows as they are and members 1..B drawn
+    with replacement (stacked NumPy ``PlnData``), the drawn row indices (B × n) and the seed."""
+
+    samples: pln.PlnData
+    rows: np.ndarray
+    seed: int
+
+
+def prepare_bootstrap(data: pln.PlnData, n_boot: int, seed: int = 0) -> Bootstrap:
+    """Draw ``n_boot`` samples of the rows of ``data`` (``collection.bootstrap_samples``, NumPy, before JAX) and
+    put all the rows in front; ValueError when a sample's covariates are not of full column rank (its
+    coefficients would not be defined)."""
+    from fastjax.pln import collection as col
+
+    drawn, rows = col.bootstrap_samples(data, n_boot, seed)
+    d = data.covariates.shape[1]
+    for b in range(n_boot):
+        rank = np.linalg.matrix_rank(drawn.covariates[b])
+        if rank < d:
+            raise ValueError(f"--bootstrap: sample {b} (seed {seed}) draws rows whose covariates have rank {rank}, "
+                             f"not {d}: its coefficients are not defined. A covariate that is constant, or non-zero "
+                             "in few rows, does that; drop or merge such covariates")
+    whole = col.resample_rows(data, np.arange(data.shape[0]))
+    samples = pln.PlnData(*(np.concatenate([np.asarray(a)[None], np.asarray(b)]) for a, b in zip(whole, drawn)))
+    return Bootstrap(samples, rows, seed)
+
+
+class RanksResult(NamedTuple):
+    """A PLN-PCA collection fitted: the ranks, each member's ELBO, BIC, ICL (``collection.member_criteria``)
+    and iterations, its parameters (float64, padded, with the masks) and ELBO of each iteration (members ×
+    maxiter, NaN past its stop), where the program came from and the seconds of each stage."""
+
+    ranks: list[int]
+    elbo: np.ndarray
+    bic: np.ndarray
+    icl: np.ndarray
+    iterations: np.ndarray
+    params: Any
+    masks: np.ndarray
+    elbos: np.ndarray
+    program: str
+    seconds: dict[str, float]
+
+    def best(self, criterion: str = "BIC") -> int:
+        """The rank that ``criterion`` ("BIC" or "ICL", lower is better) chooses."""
+        return int(self.ranks[int(np.argmin(self.bic if criterion == "BIC" else self.icl))])
+
+    def member(self, rank: int) -> Any:
+        """The parameters of the member of ``rank``, without padding (``collection.PcaParams``)."""
+        from fastjax.pln import collection as col
+
+        i = self.ranks.index(rank)
+        return col.unpad(col.PcaParams(*(np.asarray(a)[i] for a in self.params)), rank)
+
+
+def fit_ranks(data: pln.PlnData, collection: Collection, maxiter: int = pln.MAXITER, tol: float = pln.TOL,
+              cache: str | os.PathLike | None = None, progress: bool = False,
+              compile_options: dict[str, Any] | None = None) -> RanksResult:
+    """Fit the PLN-PCA members of ``collection`` (``prepare_ranks``) to ``data`` as one program
+    (``collection_program``), in float32, cached as ``fit`` caches its program."""
+    from fastjax.pln import collection as col
+
+    maxiter, tol = check_maxiter(maxiter), check_tol(tol)
+    seconds, t0 = _import_jax()
+    n, p, _ = data.shape
+    ranks, masks = collection.ranks, collection.masks
+    starts32 = col.PcaParams(*(np.asarray(a, np.float32) for a in collection.starts))
+    args = (starts32, (_float32(data), np.asarray(masks, np.float32)), np.float32(tol), np.float32(np.inf))
+    program = dict(kind="ranks", members=len(ranks), q_max=int(masks.shape[1]))
+
+    def valid(out: Any) -> None:
+        for i, q in enumerate(ranks):
+            checked_elbos(np.asarray(out[1])[i], _member(out[2], i), f"rank {q}: ")
+
+    prog = Program(collection_program, args, cache_what(data.shape, maxiter, compile_options, program), "collection",
+                   f"compiling the collection of ranks {ranks_text(ranks)} for {n}×{p} counts (once per shape)",
+                   first=lambda out: check_first_pca_elbos(out[1], collection.starts, masks, data), valid=valid)
+    (params, elbos, crit), where = run_program(prog, maxiter, cache, progress, compile_options, seconds, t0)
+    params = col.PcaParams(*(np.asarray(a, np.float64) for a in params))
+    table = col.member_criteria(params, elbos, crit, masks, data)
+    return RanksResult(list(ranks), table["ELBO"], np.asarray(table["BIC"]), np.asarray(table["ICL"]),
+                       np.asarray(crit.count), params, masks, np.asarray(elbos), where, seconds)
+
+
+class BootstrapResult(NamedTuple):
+    """A bootstrap fitted: ``coef`` the B (d×p) of all the rows, ``coefs`` each refit's (n_boot × d × p), the
+    percentile interval (``low``, ``high``) at ``level``, the drawn rows, the seed, each member's
+    iterations (all the rows first), where the program came from and the seconds of each stage."""
+
+    coef: np.ndarray
+    coefs: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    level: float
+    rows: np.ndarray
+    seed: int
+    iterations: np.ndarray
+    program: str
+    seconds: dict[str, float]
+    empty: np.ndarray  # (n_boot, p): the refit's rows hold only zeros in that column (its coefficients NaN)
+
+
+def fit_bootstrap(data: pln.PlnData, boot: Bootstrap, maxiter: int = pln.MAXITER, tol: float = pln.TOL,
+                  cache: str | os.PathLike | None = None, progress: bool = False,
+                  compile_options: dict[str, Any] | None = None, level: float = LEVEL) -> BootstrapResult:
+    """Refit ``boot``'s samples (``prepare_bootstrap``: all the rows, then the drawn ones) as one program
+    (``bootstrap_program``), in float32, cached as ``fit`` caches its program; the percentile interval at
+    ``level`` of each coefficient from the drawn samples' refits."""
+    from fastjax.pln import collection as col
+
+    maxiter, tol = check_maxiter(maxiter), check_tol(tol)
+    seconds, t0 = _import_jax()
+    n, p, _ = data.shape
+    members = int(np.shape(boot.samples.counts)[0])
+    program = dict(kind="bootstrap", members=members)
+
+    def valid(out: Any) -> None:
+        for b in range(members):
+            checked_elbos(np.asarray(out[1])[b], _member(out[2], b), "the fit of all rows: " if b == 0 else f"refit {b}: ")
+
+    prog = Program(bootstrap_program, (_float32(boot.samples), np.float32(tol), np.float32(np.inf)),
+                   cache_what(data.shape, maxiter, compile_options, program), "bootstrap",
+                   f"compiling the bootstrap of {members - 1} refits for {n}×{p} counts (once per shape)",
+                   first=lambda out: check_first_bootstrap_elbos(out[1], boot.samples), valid=valid)
+    (coefs, _, crit), where = run_program(prog, maxiter, cache, progress, compile_options, seconds, t0)
+    coefs = np.asarray(coefs, np.float64)
+    refits, empty = coefs[1:].copy(), np.asarray(boot.samples.counts)[1:].sum(axis=1) == 0  # (B, p)
+    low, high = col.percentile_interval(refits, level)
+    # A refit whose rows hold only zeros in a column has no finite coefficients there (its fit runs to −∞
+    # the longer it runs, and stops wherever --maxiter leaves it): they are NaN in ``coefs``, and every
+    # coefficient of such a column gets an unbounded interval (−∞, +∞): the resampling says nothing finite.
+    refits[np.broadcast_to(empty[:, None, :], refits.shape)] = np.nan
+    unbounded = empty.any(axis=0)
+    low[:, unbounded], high[:, unbounded] = -np.inf, np.inf
+    return BootstrapResult(coefs[0], refits, low, high, level, boot.rows, boot.seed, np.asarray(crit.count),
+                           where, seconds, empty)
+
