@@ -258,6 +258,15 @@ def _about(path: Path, check: Any, *args: Any) -> Any:
         raise ValueError(f"{path}: {err}{where}") from None
 
 
+def _beside_counts(path: Any, what: str, counts: Any) -> tuple[Any, Any]:
+    """The path and values of a table read beside the counts (``what``: "offsets" or "covariates"), its rows
+    checked against the counts' names where both files name them."""
+    path = _regular_file(path, what)
+    other = read_table(path, what)
+    _same_rows(path, other.names, counts.names, what)
+    return path, other.values
+
+
 def _same_rows(path: Path, names: list[str] | None, count_names: list[str] | None, name: str) -> None:
     """Where ``name``'s file names its rows, the counts file must name them alike."""
     if names is None:
@@ -340,10 +349,7 @@ def read_input(counts: str | os.PathLike, offsets: str | os.PathLike | None = No
     n, p = y.shape
     _enough_samples(path, n, 1)  # before the other files are compared with the counts
     if offsets is not None:
-        o_path = _regular_file(offsets, "offsets")
-        o_table = read_table(o_path, "offsets")
-        _same_rows(o_path, o_table.names, table.names, "offsets")
-        o = o_table.values
+        o_path, o = _beside_counts(offsets, "offsets", table)
     if o is not None:
         o = _about(o_path, checks.check_matrix, o, "offsets")
         if o.shape != (n, p):
@@ -354,10 +360,7 @@ def read_input(counts: str | os.PathLike, offsets: str | os.PathLike | None = No
                              f"row {i}, column {j} is {o[i, j]:.6g}, above {OFFSET_LIMIT:g} (e^{OFFSET_LIMIT:g} reads): "
                              "these look like raw totals. Take their log (np.log) first")
     if covariates is not None:
-        x_path = _regular_file(covariates, "covariates")
-        x_table = read_table(x_path, "covariates")
-        _same_rows(x_path, x_table.names, table.names, "covariates")
-        x = x_table.values
+        x_path, x = _beside_counts(covariates, "covariates", table)
     if x is not None:
         x = _about(x_path, checks.as_array, x, "covariates")
         x = _about(x_path, checks.check_matrix, x[:, None] if x.ndim == 1 else x, "covariates")
