@@ -140,3 +140,11 @@ def test_the_race_keeps_each_scripts_faster_thread_count_and_a_busy_race_gives_n
     monkeypatch.setattr(W, "run_process", slow_run)
     busy = W.race(rounds=3, chosen=chosen, settings=(1, 2))["contenders"]["book's script"]["speedup_ratio"]
     assert busy.value is None and "CPU cores busy" in busy.why and busy.text().startswith("not measured")
+
+    # quick: pyPLNmodels still tries both counts; the book's script runs once a round, at XLA's default
+    monkeypatch.setattr(W, "run_process", fake_run)
+    walls[("book", None)] = 0.45
+    calls.clear()
+    quick = W.race(rounds=2, chosen=chosen, settings=(1, 2), quick=True)["contenders"]
+    assert {n for k, n in calls if k == "book"} == {None} and {n for k, n in calls if k == "pyplnmodels"} == {"1", "2"}
+    assert quick["book's script"]["threads"] == "default" and quick["pyPLNmodels' script"]["threads"] == "OMP_NUM_THREADS=1"

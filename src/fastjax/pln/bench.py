@@ -37,7 +37,7 @@ TARGET_GAP = pln.TARGET_GAP  # "reached": within 0.05 % of pyPLNmodels' final EL
 def settings() -> Any:
     """The sizes in force: data repeats, iterations of a fit, iterations per timed call, repeats."""
     return sizes.choose(
-        quick=dict(repeat=1, n_iter=30, n_time=20, n_time_eager=2, repeats=3, race_repeats=5),
+        quick=dict(repeat=1, n_iter=30, n_time=20, n_time_eager=2, repeats=3, race_repeats=3),
         full=dict(repeat=100, n_iter=400, n_time=100, n_time_eager=3, repeats=5, race_repeats=5),
     )
 

@@ -346,7 +346,8 @@ def race(repeat: int = 1, rounds: int = 3, quick: bool = False, maxiter: int = p
     one untimed round first (it fills the caches of the "later run" contenders and warms the disk; with
     ``quick``, only the runs that fill a cache), then ``rounds`` rounds in turns. Each contender that computes
     runs at every thread count of ``settings`` (default ``timing.thread_settings()``: 1 and one per core; set
-    through ``Contender.threads_env``), in turns too, and keeps its faster one (``threads``); a setting over
+    through ``Contender.threads_env``; with ``quick``, pyPLNmodels only, the JAX scripts at XLA's default), in
+    turns too, and keeps its faster one (``threads``); a setting over
     3× the contender's fastest in the first round is not run again. Per contender: median wall seconds with
     quartiles, CPU seconds, peak MiB, the CPU cores other processes kept busy while it ran (``load``); per-round
     ratios of pyPLNmodels' wall to each one's (``speedup``; ``speedup_ratio``, a ``timing.Ratio``, is "not
@@ -358,7 +359,10 @@ def race(repeat: int = 1, rounds: int = 3, quick: bool = False, maxiter: int = p
     rounds = checks.check_positive_int(rounds, "rounds")
     chosen = contenders(quick) if chosen is None else chosen
     settings = tuple(settings or timing.thread_settings())
-    plan = [(c, n) for c in chosen for n in (settings if c.threads_env else (None,))]
+    # quick: only pyPLNmodels tries every count (torch's threads are the ones that wait on a busy core); each
+    # JAX script runs at XLA's default, as its users run it, which halves the quick race's processes
+    tried = lambda c: settings if c.threads_env and not (quick and c.kind != "pyplnmodels") else (None,)  # noqa: E731
+    plan = [(c, n) for c in chosen for n in tried(c)]
     runs: dict[tuple[str, int | None], list[Run]] = {(c.name, n): [] for c, n in plan}
     witness = timing.Witness()
     with tempfile.TemporaryDirectory() as folder:
@@ -393,7 +397,7 @@ def race(repeat: int = 1, rounds: int = 3, quick: bool = False, maxiter: int = p
         row.update(kind=c.kind, first=c.first, first_ever=c.first_ever, load=walls[c.name].load,
                    threads=f"{c.threads_env}={n}" if n is not None else "default",
                    threads_tried={f"{c.threads_env}={m}": float(np.median([r.wall for r in runs[(c.name, m)]]))
-                                  for m in settings if c.threads_env and runs[(c.name, m)]})
+                                  for m in settings if c.threads_env and runs.get((c.name, m))})
         for key, other, forward in (("speedup", kinds.get("pyplnmodels"), True),
                                     ("over_jax_floor", kinds.get("jax"), False),
                                     ("over_lapack_floor", kinds.get("jax+lapack"), False)):
