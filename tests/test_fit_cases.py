@@ -158,6 +158,19 @@ def test_ctrl_c_stops_within_a_second_with_one_line_and_130(tmp_path):
     assert seconds < 1.0, seconds
 
 
+def test_a_pipe_closed_early_ends_it_quietly(tmp_path):
+    """``fastjax-fit counts.csv | head -1``: the reader closed the pipe; no BrokenPipeError traceback."""
+    counts = write(tmp_path / "c.csv", csv_text(COUNTS))
+    read, write_end = os.pipe()
+    os.close(read)  # nobody reads: the command's first print meets a closed pipe
+    try:
+        done = subprocess.run([sys.executable, "-m", "fastjax.pln.fit", str(counts), "--no-cache", "--maxiter", str(MAXITER)],
+                              stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=300)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 1 and "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
 def test_a_program_larger_than_free_memory_is_refused_before_it_runs(tmp_path, monkeypatch):
     counts = write(tmp_path / "c.csv", csv_text(COUNTS))
     need = []

@@ -340,6 +340,18 @@ def test_import_fastjax_survives_a_read_only_home(tmp_path, probe):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["active"] == got["needs"] == probe.needs_flag
     assert len(got["warnings"]) == 1 and "could not save" in got["warnings"][0], got["warnings"]
+    # as a user of the fit command sees it: one line, no source line of fastjax's under it
+    out = subprocess.run([sys.executable, "-c", "import fastjax"], env=env, capture_output=True, text=True, timeout=600)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 0 and len(lines) == 1 and lines[0].startswith("fastjax:0: RuntimeWarning: fastjax could not save"), out.stderr
+
+
+def test_a_relative_xdg_cache_home_is_ignored(tmp_path, monkeypatch):
+    """The XDG spec: a relative XDG_CACHE_HOME is ignored (else a folder appears wherever the user stands)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert workaround.cache_file("1.2.3").is_absolute()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert workaround.cache_file("1.2.3").parent == tmp_path / "fastjax"
 
 
 def fake(monkeypatch, result: workaround.Probe | None, started: bool = False, flags: str = "") -> None:

@@ -214,10 +214,11 @@ def jaxlib_version() -> str | None:
 
 def cache_file(version: str, cpu: str | None = None) -> Path:
     """Where the probe's answer for jaxlib ``version``, this Python and the CPU ``cpu`` (default: this
-    one, ``cpu_features()``) is kept, under ``$XDG_CACHE_HOME/fastjax`` (default ``~/.cache/fastjax``)."""
+    one, ``cpu_features()``) is kept, under ``$XDG_CACHE_HOME/fastjax`` when that is an absolute path (default ``~/.cache/fastjax``)."""
     cpu = cpu_features() if cpu is None else cpu
-    if os.environ.get("XDG_CACHE_HOME"):
-        base = Path(os.environ["XDG_CACHE_HOME"]) / "fastjax"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):  # the XDG spec: a relative one is ignored (it would land in the working folder)
+        base = Path(xdg) / "fastjax"
     else:
         try:
             base = Path.home() / ".cache" / "fastjax"
@@ -281,9 +282,11 @@ def _save(cache: Path, result: Probe) -> None:
                 pass
         if "save" not in _warned:
             _warned.add("save")
-            warnings.warn(f"fastjax could not save its CPU probe's answer in {cache.parent} ({err}); it uses the "
-                          "answer in this process only, and the next Python process probes again (a few seconds). "
-                          "Set XDG_CACHE_HOME to a writable folder to keep it.", RuntimeWarning, stacklevel=4)
+            # one line, "fastjax: RuntimeWarning: ...": no source line of fastjax's to puzzle a user of the command
+            warnings.warn_explicit(f"fastjax could not save its CPU probe's answer in {cache.parent} ({err}); it uses "
+                                   "the answer in this process only, and the next Python process probes again (a few "
+                                   "seconds). Set XDG_CACHE_HOME to a writable folder to keep it.",
+                                   RuntimeWarning, filename="fastjax", lineno=0, module="fastjax")
 
 
 def probe(refresh: bool = False, timeout: float = 120.0) -> Probe | None:

@@ -103,8 +103,15 @@ def main(argv: list[str] | None = None) -> int:
 def run() -> None:
     """The command as a process (``python -m fastjax.pln.fit``, and ``fastjax-fit`` from ``[project.scripts]``):
     ``main``'s status as its exit status. Interrupted, it exits at once (``os._exit``): the call into XLA
-    still running in a worker thread (``run.interruptible``) cannot be stopped, and would hold the exit."""
-    code = main()
+    still running in a worker thread (``run.interruptible``) cannot be stopped, and would hold the exit. Read
+    by a pipe that closed early (``| head``), it stops quietly, as Python's documentation advises for
+    SIGPIPE: no traceback, stdout pointed at /dev/null so that the exit's flush raises nothing more."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     if code == 130:
         sys.stdout.flush()
         sys.stderr.flush()
