@@ -209,3 +209,12 @@ def test_floor_2_one_program_without_a_host_read_passes(answer):
     assert report.right and report.host_reads == 0 and not report.structural_misses, report.text()
     assert report.passed or report.by_time == "slow", report.text()  # time, the second witness, alone could say slow
     assert "Python read a device value 0 time(s)" in report.text()
+
+
+def test_floor_2_one_program_moves_less_than_the_pieces_and_no_less_than_the_least():
+    moved = practice.update_passes()
+    assert set(moved["pieces"]) == {"gradient_norm", "scaled", "moments", "bias_corrected", "adamw_step"}
+    # the least: g read for the norm, then p, g, m and v read once and three results written
+    assert 1 + 4 + 3 <= moved["fused"] < sum(moved["pieces"].values()), moved
+    assert moved["loops"] >= 1 and moved["loop reads"] >= 4, moved  # the loops read p, g, m and v at least once
+    assert moved["array bytes"] == practice.UPDATE_SIZE * 4

@@ -8,7 +8,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import fastjax  # noqa: F401
@@ -208,29 +207,6 @@ def _shared_statistics(states, xs, ys):
     return states, jnp.stack(losses, axis=1)
 
 
-def _members_stacked_by_hand(states, xs, ys):
-    """The sweep with the members' weights stacked by hand: BatchNorm's mean over axis 0 is over the members."""
-    def losses_of(params, x, y):
-        h = jnp.einsum("bi,kih->kbh", x, params["w1"])
-        h = (h - h.mean(axis=0)) / jnp.sqrt(h.var(axis=0) + code.EPS) * params["gamma"][:, None] + params["beta"][:, None]
-        logits = jnp.einsum("kbh,khc->kbc", jax.nn.relu(h), params["w2"]) + params["b2"][:, None]
-        return jax.vmap(lambda l: optax.softmax_cross_entropy_with_integer_labels(l, y).mean())(logits)
-
-    @jax.jit
-    def step(state, x, y):
-        params, stats, opt_state = state
-        (_, member_losses), grads = jax.value_and_grad(lambda p: (losses_of(p, x, y).sum(), losses_of(p, x, y)),
-                                                       has_aux=True)(params)
-        updates, opt_state = code.TX.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), stats, opt_state), member_losses
-
-    out = []
-    for x, y in zip(xs, ys):
-        states, loss = step(states, x, y)
-        out.append(loss)
-    return states, jnp.stack(out, axis=1)
-
-
 def test_many_4_one_copy_of_the_running_statistics_is_named():
     report = ex.check("many-4", _shared_statistics, time_it=False)
     assert not report.right and "running statistics" in report.problem, report.text()
@@ -241,7 +217,7 @@ def test_many_4_one_copy_of_the_running_statistics_is_named():
 
 
 def test_many_4_statistics_taken_over_the_members_are_named():
-    report = ex.check("many-4", _members_stacked_by_hand, time_it=False)
+    report = ex.check("many-4", practice.members_stacked_by_hand, time_it=False)
     assert not report.right and "the losses" in report.problem and "axis 0" in report.text(), report.text()
 
 

@@ -74,3 +74,39 @@ def test_clear_errors():
         memory.memory_stats(jax.jit(_step))
     with pytest.raises(ValueError, match="no JAX arrays"):
         memory.tree_bytes({"a": np.ones(3)})
+
+
+def test_memory_table_adds_up_what_a_program_holds():
+    state, x = _state(), jnp.ones((64, 32))
+    rows, stats = memory.memory_table({"plain": jax.jit(_step).lower(state, x).compile(),
+                                       "donated": jax.jit(_step, donate_argnums=0).lower(state, x).compile()})
+    for row, st in zip(rows, stats.values()):
+        assert row["held (kB)"] * 1e3 == pytest.approx(st["argument"] + st["output"] - st["alias"] + st["temp"])
+    assert [r["program"] for r in rows] == ["plain", "donated"]
+    assert rows[1]["alias (kB)"] * 1e3 == memory.tree_bytes(state)
+
+
+def test_copies_added_by_donation_reads_the_hlo_and_refuses_what_is_not_compiled():
+    state, x = _state(), jnp.ones((64, 32))
+    plain = jax.jit(_step).lower(state, x).compile()
+    donated = jax.jit(_step, donate_argnums=0).lower(state, x).compile()
+    assert not memory.copies_added_by_donation(plain, plain)  # a program adds nothing to itself
+    copies = memory.copies_added_by_donation(plain, donated)
+    assert all(count > 0 for count in copies.values())
+    with pytest.raises(TypeError, match="compiled programs"):
+        memory.copies_added_by_donation(jax.jit(_step), donated)
+
+
+def test_shape_bytes_reads_hlo_shapes():
+    assert memory.shape_bytes("f32[64,32]{1,0}") == 64 * 32 * 4
+    assert memory.shape_bytes("bf16[3]") == 6
+    assert memory.shape_bytes("s32[]") == 4
+    with pytest.raises(ValueError, match="HLO array shape"):
+        memory.shape_bytes("(f32[2], f32[3])")
+
+
+def test_bytes_added_by_call_sees_donation_free_the_old_state():
+    x = jnp.ones((64, 32))
+    plain = memory.bytes_added_by_call(_state, jax.jit(_step), x)
+    donated = memory.bytes_added_by_call(_state, jax.jit(_step, donate_argnums=0), x)
+    assert plain - donated == memory.tree_bytes(_state())

@@ -2,6 +2,7 @@
 
 The programs and the reference solutions are the page's, exported to ``floor_code``. Each exercise's
 inputs are made from a fixed seed, small enough that a check runs in seconds, the same in both sizes.
+``update_passes`` is the page's evidence for floor-2: what each version of the update moves through memory.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastjax.exercises import Exercise, floor_code as code, register, same_arrays
+from fastjax.tools import profiling
 
 PAGE = "chapters/floor/05-practice"
 PART = "Part VI"
@@ -146,3 +148,26 @@ register(Exercise(
               "then needs one kernel product",
     witness=("triangular solves",),  # an inverse per batch: two per batch (16); factored once: two in all
 ))
+
+
+def update_passes() -> dict[str, Any]:
+    """floor-2's passes over memory, on the check's inputs, counted in arrays of the parameters' size:
+    ``pieces``, XLA's bytes accessed by each program of the starting update; ``fused``, by the one program;
+    ``loops``, how many loops of the one program's compiled text write an array of that size, and
+    ``loop reads``, the arrays they read between them; ``array bytes``, the size of one array."""
+    p, g, m, v, step_t = update_problem()
+    array_bytes = p.size * p.dtype.itemsize
+
+    def passes(fn, *args):
+        return profiling.cost(fn.lower(*args).compile())["bytes accessed"] / array_bytes
+
+    g_clipped = code.scaled(g, 0.5)
+    m1, v1 = code.moments(m, v, g_clipped)
+    pieces = {"gradient_norm": passes(code.gradient_norm, g), "scaled": passes(code.scaled, g, 0.5),
+              "moments": passes(code.moments, m, v, g_clipped),
+              "bias_corrected": passes(code.bias_corrected, m1, v1, step_t),
+              "adamw_step": passes(code.adamw_step, p, m1, v1)}
+    hlo = code.update_fused.lower(p, g, m, v, step_t).compile().as_text()
+    array_loops = [f for f in profiling.fusion_bytes(hlo) if f["written bytes"] == array_bytes]
+    return {"pieces": pieces, "fused": passes(code.update_fused, p, g, m, v, step_t), "loops": len(array_loops),
+            "loop reads": sum(f["read bytes"] for f in array_loops) / array_bytes, "array bytes": array_bytes}

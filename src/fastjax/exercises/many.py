@@ -18,8 +18,10 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from fastjax import pln
+from fastjax.tools import timing
 from fastjax.exercises import (Exercise, compiled_for, many_code as code, register, same_arrays, scratch_bytes,
                                unseen)
 
@@ -83,10 +85,23 @@ def _sweep_batches() -> tuple:
     return jnp.asarray(xs.reshape(SWEEP_STEPS, SWEEP_BATCH, 64)), jnp.asarray(ys)
 
 
+HIDDEN = 32  # many-4: units of the hidden layer
+
+
+def init_member(seed: int) -> tuple:
+    """One many-4 member's state: its weights (He-scaled), its BatchNorm running statistics, its SGD momentum."""
+    rng = np.random.default_rng(seed)
+    params = {"w1": rng.standard_normal((64, HIDDEN)) * np.sqrt(2 / 64), "gamma": np.ones(HIDDEN),
+              "beta": np.zeros(HIDDEN), "w2": rng.standard_normal((HIDDEN, 10)) / np.sqrt(HIDDEN), "b2": np.zeros(10)}
+    params = {k: jnp.asarray(v, jnp.float32) for k, v in params.items()}
+    stats = {"mean": jnp.zeros(HIDDEN), "var": jnp.ones(HIDDEN)}
+    return params, stats, code.TX.init(params)
+
+
 def sweep_problem() -> tuple:
     """many-4's ``(states, xs, ys)``: the members' first states stacked (one row per seed of ``SEEDS``), and
     ``SWEEP_STEPS`` batches of ``SWEEP_BATCH`` digits as rows of 64 pixels, with their labels."""
-    return (code.stack_members([code.init_member(seed) for seed in SEEDS]), *_sweep_batches())
+    return (code.stack_members([init_member(seed) for seed in SEEDS]), *_sweep_batches())
 
 
 # ---------------------------------------------------------------- comparing results
@@ -249,3 +264,64 @@ register(Exercise(
     witness=("programs",),  # a loop over the members dispatches a step per member and step; the vmap one per step
     repeats=5,
 ))
+
+
+def members_stacked_by_hand(states: Any, xs: Any, ys: Any) -> tuple:
+    """many-4 written by hand, the members' weights stacked, a wrong answer on purpose: BatchNorm's mean over
+    axis 0 is then over the members, not over each member's batch (its running statistics are left as they
+    were, for brevity). ``(states, losses)``, the losses ``(member, step)``, as the exercise asks."""
+    def losses_of(params, x, y):
+        h = jnp.einsum("bi,kih->kbh", x, params["w1"])  # (members, batch, units)
+        h = (h - h.mean(axis=0)) / jnp.sqrt(h.var(axis=0) + code.EPS) * params["gamma"][:, None] + params["beta"][:, None]
+        logits = jnp.einsum("kbh,khc->kbc", jax.nn.relu(h), params["w2"]) + params["b2"][:, None]
+        return jax.vmap(lambda l: optax.softmax_cross_entropy_with_integer_labels(l, y).mean())(logits)
+
+    @jax.jit
+    def step(state, x, y):
+        params, stats, opt_state = state
+        (_, member_losses), grads = jax.value_and_grad(lambda p: (losses_of(p, x, y).sum(), losses_of(p, x, y)),
+                                                       has_aux=True)(params)
+        updates, opt_state = code.TX.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), stats, opt_state), member_losses
+
+    out = []
+    for x, y in zip(xs, ys):
+        states, loss = step(states, x, y)
+        out.append(loss)
+    return states, jnp.stack(out, axis=1)
+
+
+def scratch_mib(fn: Callable[..., Any], *args: Any) -> float:
+    """XLA's scratch memory (temp) for one call of ``fn(*args)``, in MiB (compiled once and kept, as the check does)."""
+    return scratch_bytes(fn, *args) / 2**20
+
+
+def chunk_sizes(repeats: int) -> tuple[list[dict[str, Any]], dict[str, float], dict[str, timing.Timing]]:
+    """many-3's evidence, on the check's samples: the all-at-once program, chunks of 32 and 16, and the
+    reference's chunks of ``code.CHUNK``, each compiled once. Raises if any computes other numbers than the
+    reference, or if ``code.CHUNK`` is not the largest chunk tried whose scratch is at most half the budget.
+    Returns the table's rows (scratch in MiB, within the budget, ms per call), the scratch by program (MiB),
+    and the timings (``repeats`` rounds in turns)."""
+    (samples,) = _bootstrap_arguments()
+    start_name, ref_name = "all 64 at once (start)", f"chunks of {code.CHUNK} (reference)"
+    programs = {start_name: code.bootstrap_all_at_once,
+                **{f"chunks of {k}": jax.jit(lambda s, k=k: jax.lax.map(code.refit, s, batch_size=k)) for k in (32, 16)},
+                ref_name: code.bootstrap_in_chunks}
+    compiled = {name: compiled_for(fn, samples) for name, fn in programs.items()}  # compiled once, kept
+    scratch = {name: scratch_mib(fn, samples) for name, fn in programs.items()}
+    want = compiled[ref_name](samples)
+    for name, program in compiled.items():
+        # float32, the same operations per sample in batches of another size: identical bits in our runs; 1e-5
+        # leaves room for another vector width (a sample in its neighbour's place is off by 0.8 % or more)
+        same_arrays(program(samples), want, rtol=1e-5, what=name)
+    t = timing.time_interleaved({name: (lambda p=p: p(samples)) for name, p in compiled.items()}, repeats=repeats)
+    rows = [{"program": name, "scratch (MiB)": scratch[name],
+             "within the budget": "yes" if scratch[name] <= MEMORY_BUDGET_MIB else "no",
+             "ms per call": t[name].median * 1e3} for name in programs]
+    # the reference's chunk is the largest of those tried whose scratch is at most half the budget
+    tried = {BOOT_SAMPLES: start_name, 32: "chunks of 32", 16: "chunks of 16", code.CHUNK: ref_name}
+    within_half = [k for k, name in tried.items() if scratch[name] <= MEMORY_BUDGET_MIB / 2]
+    if not within_half or code.CHUNK != max(within_half):
+        raise AssertionError(f"the reference's chunk {code.CHUNK} is not the largest of {sorted(tried)} whose scratch "
+                             f"is at most half of {MEMORY_BUDGET_MIB} MiB: {within_half}")
+    return rows, scratch, t

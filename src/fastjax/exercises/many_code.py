@@ -146,19 +146,8 @@ def bootstrap_in_chunks(samples):
     """Reference of many-3: the same refits, ``CHUNK`` samples at a time (a vmap of CHUNK in a loop)."""
     return jax.lax.map(refit, samples, batch_size=CHUNK)
 
-HIDDEN = 32  # units of the hidden layer
 MOMENTUM, EPS = 0.9, 1e-5  # BatchNorm's running-statistics momentum and its epsilon
 TX = optax.sgd(0.1, momentum=0.9)
-
-
-def init_member(seed):
-    """One member's state: its weights (He-scaled), its BatchNorm running statistics, its SGD momentum."""
-    rng = np.random.default_rng(seed)
-    params = {"w1": rng.standard_normal((64, HIDDEN)) * np.sqrt(2 / 64), "gamma": np.ones(HIDDEN),
-              "beta": np.zeros(HIDDEN), "w2": rng.standard_normal((HIDDEN, 10)) / np.sqrt(HIDDEN), "b2": np.zeros(10)}
-    params = {k: jnp.asarray(v, jnp.float32) for k, v in params.items()}
-    stats = {"mean": jnp.zeros(HIDDEN), "var": jnp.ones(HIDDEN)}
-    return params, stats, TX.init(params)
 
 
 def stack_members(states):

@@ -4,11 +4,18 @@
 (``jax.jit(f).lower(...).compile()``) into a plain dict that is the same on every JAX release the
 book runs on; ``live_bytes`` adds up the arrays alive in the process; ``tree_bytes`` and
 ``deleted_leaves`` look at one pytree (a train state, say) before and after a donating call.
+``held_bytes`` and ``memory_table`` add up what a program holds at once while it runs;
+``copies_added_by_donation`` lists the copies XLA adds to a program when its inputs are donated;
+``bytes_added_by_call`` measures the live bytes one call adds while its caller keeps the old state.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import collections
+import gc
+import math
+import re
+from typing import Any, Callable
 
 import jax
 
@@ -56,3 +63,54 @@ def deleted_leaves(tree: Any) -> tuple[int, int]:
     """``(deleted, total)``: how many of the JAX arrays in ``tree`` are deleted (donated), of how many."""
     leaves = _arrays(tree)
     return sum(a.is_deleted() for a in leaves), len(leaves)
+
+
+def held_bytes(stats: dict[str, int | None]) -> int:
+    """What a program holds at once while it runs: inputs, plus outputs that need memory of their
+    own (those not written into donated inputs), plus scratch."""
+    return stats["argument"] + stats["output"] - stats["alias"] + stats["temp"]
+
+
+def memory_table(programs: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, dict[str, int | None]]]:
+    """One row per compiled program (kB: argument, output, alias, temp, held), and each one's ``memory_stats``."""
+    stats = {name: memory_stats(c) for name, c in programs.items()}
+    rows = [{"program": name, **{f"{f} (kB)": st[f] / 1e3 for f in ("argument", "output", "alias", "temp")},
+             "held (kB)": held_bytes(st) / 1e3} for name, st in stats.items()]
+    return rows, stats
+
+
+# An optimized-HLO copy instruction: its result shape, and the name of what it copies.
+_COPY = re.compile(r"= (\S+) copy\(%([A-Za-z_]\w*?)(?:\.\d+)?\)")
+_ITEMSIZE = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2,
+             "s16": 2, "u16": 2, "s8": 1, "u8": 1, "pred": 1}
+
+
+def copies_added_by_donation(plain: Any, donated: Any) -> collections.Counter:
+    """``{(shape, operand): count}``: the copy instructions of the donated program's optimized HLO
+    that the plain one lacks (both compiled: ``jax.jit(f).lower(...).compile()``)."""
+    for program in (plain, donated):
+        if not hasattr(program, "as_text"):
+            raise TypeError(f"copies_added_by_donation needs compiled programs; got {type(program).__name__}")
+    return (collections.Counter(_COPY.findall(donated.as_text()))
+            - collections.Counter(_COPY.findall(plain.as_text())))
+
+
+def shape_bytes(shape: str) -> int:
+    """Bytes of an HLO array shape such as ``f32[64,32]{1,0}``."""
+    match = re.match(r"(\w+)\[([\d,]*)\]", shape)
+    if match is None or match.group(1) not in _ITEMSIZE:
+        raise ValueError(f"not an HLO array shape with a known element type: {shape!r}")
+    dims = [int(d) for d in match.group(2).split(",") if d]
+    return _ITEMSIZE[match.group(1)] * math.prod(dims)
+
+
+def bytes_added_by_call(make_state: Callable[[], Any], step: Callable[..., Any], *args: Any) -> int:
+    """Live bytes after ``new = step(state, *args)`` minus before, with ``state = make_state()`` still
+    referenced by the caller (as right after a call, before the name is rebound)."""
+    state = jax.block_until_ready(make_state())
+    gc.collect()  # free whatever make_state built and dropped, so that it is not counted below
+    before = live_bytes()
+    new = jax.block_until_ready(step(state, *args))
+    added = live_bytes() - before
+    del new, state
+    return added
