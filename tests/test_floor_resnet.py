@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from fastjax.resnet import bench as bench_resnet, floor as FL, ladder as resnet_ladder, resnet_nnx, rungs as R
+from fastjax.resnet import bench as bench_resnet, conv_trace, floor as FL, floor_checks, floor_variants
+from fastjax.resnet import ladder as resnet_ladder, resnet_nnx, rungs as R
 from fastjax.resnet.resnet_nnx import ResNetConfig
 
 # Three stages, so that the last two (4×4 and 2×2 images) take the patches path; narrow, one block per
@@ -168,3 +169,55 @@ def test_measure_floor_times_both_floors():
     floor, faster = bench_resnet.measure_floor(CONFIG, BATCH, repeats=2)
     assert floor.name == "floor" and faster.name == "faster floor"
     assert floor.median > 0 and faster.median > 0
+
+
+def test_conv_trace_times_the_floors_convolutions_by_direction_and_stage(start, batches):
+    graphdef, treedef, leaves, steps = start
+    xs, ys = batches
+    compiled = {name: jax.jit(step).lower(leaves, xs[0], ys[0]).compile() for name, step in steps.items()}
+    rows = conv_trace.traced_ops(compiled["floor"], (leaves, xs[0], ys[0]), calls=2)
+    groups, each = conv_trace.conv_breakdown(rows, compiled["floor"].as_text(), CONFIG)
+    assert {d for d, _ in groups} == {"forward", "backward"}  # the step's gradient convolutions are traced too
+    assert {c["stage"] for c in each} == set(range(CONFIG.stages))
+    assert sum(groups.values()) == pytest.approx(sum(c["ms"] for c in each))
+    assert sum(groups.values()) <= sum(r["total ms"] for r in rows)
+    kinds = conv_trace.by_kind(rows)
+    assert set(kinds) <= set(conv_trace.KINDS) and kinds["convolution"] == pytest.approx(sum(groups.values()))
+    assert conv_trace.matrix_products(compiled["faster"].as_text()) > conv_trace.matrix_products(compiled["floor"].as_text())
+    with pytest.raises(ValueError, match="at least one call"):
+        conv_trace.traced_ops(compiled["floor"], (leaves, xs[0], ys[0]), calls=0)
+
+
+def test_kind_of_names_convolutions_products_concatenations_and_the_rest():
+    assert conv_trace.kind_of({"op": "convolution", "op name": "ynn_fusion.2"}) == "convolution"
+    assert conv_trace.kind_of({"op": "dot", "op name": "dot.1"}) == "matrix products"
+    assert conv_trace.kind_of({"op": "fusion", "op name": "ynn_fusion.3"}) == "matrix products"
+    assert conv_trace.kind_of({"op": "concatenate", "op name": "concatenate.4"}) == "concatenate"
+    assert conv_trace.kind_of({"op": "fusion", "op name": "fusion.5"}) == "fusions and the rest"
+    assert conv_trace.layouts("a dim_labels=b01f_01io->b01f, b dim_labels=01fb_o01i->f01b, c dim_labels=b01f_01io->b01f") \
+        == ["01fb_o01i->f01b", "b01f_01io->b01f"]
+
+
+def test_compare_with_lax_passes_the_patch_product_and_fails_a_wrong_one():
+    report = floor_checks.compare_with_lax(FL.conv_as_matmul, batch=4, c_in=6, c_out=12)
+    assert set(report) == set(floor_checks.SHAPES)
+    assert report["3×3, stride 1"]["patch matrix / input"] == 9.0 and report["1×1, stride 2"]["patch matrix / input"] == 0.25
+    off = lambda x, w, strides, padding: 1.001 * FL.conv_as_matmul(x, w, strides, padding)  # noqa: E731
+    with pytest.raises(AssertionError, match="forward"):
+        floor_checks.compare_with_lax(off, batch=4, c_in=6, c_out=12)
+
+
+def test_without_precision_drops_the_attribute_and_the_metadata_only():
+    hlo = "HloModule m\n%d = f32[2,2] dot(%a, %b), operand_precision={highest,highest}, metadata={op_name=\"x\"}\nFileNames\n1 a.py"
+    assert floor_checks.without_precision(hlo) == "%d = f32[2,2] dot(%a, %b)"
+
+
+def test_conv_nchw_is_the_same_convolution_and_refuses_what_it_does_not_compute():
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((2, 4, 4, 3), np.float32), rng.standard_normal((3, 3, 3, 5), np.float32) / np.float32(np.sqrt(27))
+    args = ((1, 1), ((1, 1), (1, 1)))
+    ref = jax.lax.conv_general_dilated(x, w, *args, dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    # O(1) outputs, the same sums of 27 float32 products in another layout (the forward row of TOLERANCES.md)
+    np.testing.assert_allclose(np.asarray(floor_variants.conv_nchw(x, w, *args)), np.asarray(ref), atol=1e-5)
+    with pytest.raises(ValueError, match="no dilation"):
+        floor_variants.conv_nchw(x, w, *args, rhs_dilation=(2, 2))

@@ -211,3 +211,13 @@ def test_traced_ops_and_their_kinds():
     assert abs(sum(shares.values()) - 1) < 1e-9 and "matrix products" in shares
     assert list(shares.values()) == sorted(shares.values(), reverse=True)
     assert profiling.op_kind({"op": "custom-call", "op name": "cholesky.1"}) == "library calls"
+
+
+def test_array_types_name_what_each_instruction_makes_and_reads():
+    hlo = jax.jit(lambda a, b: a @ b.T).lower(jnp.ones((8, 3)), jnp.ones((5, 3))).compile().as_text()
+    types = profiling.array_types(hlo)
+    dots = [t for name, t in types.items() if t[0] == "f32[8,5]" and sorted(t[1]) == ["f32[5,3]", "f32[8,3]"]]
+    assert dots, types  # the product makes the 8 × 5 result from both operands (whatever XLA names it)
+    text = "  %a = f32[2,2]{1,0} parameter(0)\n  %t = (f32[2], s32[]) custom-call(f32[2,2]{1,0} %a)\n" \
+           "  ROOT %r = f32[2,2]{1,0} add(f32[2,2]{1,0} %a, f32[2]{0} %t)\n"
+    assert profiling.array_types(text) == {"a": ("f32[2,2]", []), "r": ("f32[2,2]", ["f32[2,2]", "?"])}

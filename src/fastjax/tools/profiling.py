@@ -2,7 +2,8 @@
 
 - ``computations`` / ``loop_computations`` / ``instructions``: the one HLO parser of the book: a
   compiled program's text split into its computations, those that run inside a ``while`` loop, and
-  each instruction's opcode, place and convolution layout.
+  each instruction's opcode, place and convolution layout; ``array_types``: the array each
+  instruction makes and the arrays it reads.
 - ``find_trace`` / ``read_trace``: the timed events of a ``jax.profiler.trace`` run (the gzipped
   Chrome/Perfetto JSON it writes), in µs.
 - ``top_ops``: those events joined with a compiled program's HLO text: total ms per HLO instruction;
@@ -123,6 +124,23 @@ def instructions(hlo: str) -> dict[str, dict[str, Any]]:
                 op, labels = "convolution", re.search(r"dim_labels=([^,\s]+)", fused[0])
             out[m.group(1)] = {"op": op, "in_loop": comp in inside, "fused": bool(fused),
                                "in_fusion": comp in fusion_bodies, "labels": labels.group(1) if labels else None}
+    return out
+
+
+# One instruction that returns one array: its name and result type (``f32[2320,2320]``, layout left out).
+_ARRAY_DEFINITION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = ([a-z]+\d*\[[\d,]*\])")
+
+
+def array_types(hlo: str) -> dict[str, tuple[str, list[str]]]:
+    """Each instruction of a compiled program's text that returns one array, by name: its result type
+    (``f32[2320,2320]``, without the layout) and the types of the operands it reads, in order ("?" for an
+    operand that returns a tuple). Instructions that return a tuple (some library calls) are left out."""
+    lines = {m.group(1): (m.group(2), line) for line in hlo.splitlines() if (m := _ARRAY_DEFINITION.match(line))}
+    out = {}
+    for name, (result, line) in lines.items():
+        call = line.split(" = ", 1)[1]
+        operands = re.findall(r"%([\w.\-]+)", call.split("(", 1)[1].split(")", 1)[0]) if "(" in call else []
+        out[name] = (result, [lines[o][0] if o in lines else "?" for o in operands])
     return out
 
 
