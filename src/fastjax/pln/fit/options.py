@@ -15,8 +15,8 @@ from fastjax.pln.fit.cache import short as _short
 
 MAXITER_LIMIT = 10**6  # the program keeps one float32 ELBO per iteration: 4 MB at this cap
 RANK_LIMIT = 100_000  # --ranks: above any number of count columns this command can fit (checked against p after)
-BOOTSTRAP_LIMIT = 10_000  # --bootstrap: every refit is held in memory at once (oaks: 0.85 MB per refit as XLA
-# plans it, memory_analysis at B = 8 and 50); run.check_memory compares the plan with free memory before the run
+BOOTSTRAP_LIMIT = 10_000  # --bootstrap: the program holds every sample and every refit's outputs at once (oaks:
+# 0.11 MB per refit as XLA plans it, memory_analysis at B = 50 and 1,000); run.check_memory compares the plan with free memory
 RANKS_SPEC_LIMIT = 200  # --ranks: characters (a list of ranges is short; expanding a long one takes long)
 SEED_DIGITS = 40  # --seed: NumPy takes any whole number; more digits than this are a mistake
 LEVEL = 0.95  # --bootstrap's percentile intervals
