@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fastjax  # noqa: F401
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -67,3 +68,28 @@ def test_the_kernel_timings_check_what_they_time(small):
     assert [r["way"] for r in wide_rows] == list(t) and wide_rows[1]["Gflop"] < wide_rows[0]["Gflop"]
     cost = T.iteration_cost(F.loss_by_hand, pln.to_jax(data_np["oaks × 2"]))
     assert cost["flops"] > 0 and cost["library flops"] > 0
+
+
+def test_openblas_table_gives_medians_and_ratios_to_the_reference():
+    settings = {"a": {"X": "1"}, "b": {"X": "2"}}
+    runs = [{"round": 1, "setting": "a", "s1": 1.0}, {"round": 1, "setting": "b", "s1": 3.0},
+            {"round": 2, "setting": "a", "s1": 2.0}, {"round": 2, "setting": "b", "s1": 5.0}]
+    blas, table = T.openblas_table(runs, settings, "a")
+    assert blas == {"a": {"s1": 1.5}, "b": {"s1": 4.0}}
+    assert [r["setting"] for r in table] == ["a (X=1)", "b (X=2)"] * 2
+    assert [r["s1, × a"] for r in table] == [1.0 / 1.5, 3.0 / 1.5, 2.0 / 1.5, 5.0 / 1.5]
+
+
+def test_against_roofline_times_both_fits_and_checks_they_end_together(small):
+    import math
+
+    from fastjax.pln import rungs as R
+
+    _, datasets = small
+    d = datasets["oaks 40 × 30"]
+    args = (pln.start(d), d, jnp.float32(0), jnp.float32(math.inf))
+    fits = {"small": {how: (R.fit_until_converged.lower(*args, maxiter=3, loss=loss).compile(), loss)
+                      for how, loss in (("jax.grad", pln.loss), ("by hand", F.loss_by_hand))}}
+    rows, speedups, fractions = T.against_roofline(fits, {"small": args}, 3, 1, 1e10, 1e10)
+    assert [r["gradient"] for r in rows] == ["jax.grad", "by hand"] and speedups["small"] > 0
+    assert all(f > 0 for f in fractions.values())

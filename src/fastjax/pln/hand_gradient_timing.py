@@ -1,9 +1,10 @@
 """What the pieces of the hand-written PLN gradient (``fastjax.pln.floor``) cost, as
-chapters/floor/01-pln-gradient.md measures them: the ways of applying Σ⁻¹ as kernels of their own
-(``time_sigma_kernels``), the p×p and n×n algebra where n < p (``time_wide``), one iteration's flops and
-bytes (``iteration_cost``), whole fits against their roofline (``against_roofline``), and the fit under
-several OpenBLAS idle-thread waits, one fresh process each (``time_openblas_waits``). Each function also
-checks that what it times computes the same numbers, and raises (``AssertionError``) where it does not.
+chapters/floor/01-pln-gradient.md measures them: where the time of ``jax.grad``'s fit goes
+(``autodiff_time``), the ways of applying Σ⁻¹ as kernels of their own (``time_sigma_kernels``), the p×p
+and n×n algebra where n < p (``time_wide``), one iteration's flops and bytes (``iteration_cost``), whole
+fits against their roofline (``against_roofline``), and the fit under several OpenBLAS idle-thread
+waits, one fresh process each (``time_openblas_waits``, ``openblas_table``). Each function also checks
+that what it times computes the same numbers, and raises (``AssertionError``) where it does not.
 Timings are the caller's to report; nothing here is a timed assertion.
 
     python -m fastjax.pln.hand_gradient_timing SHAPES N_ITER REPEATS CACHE   # one OpenBLAS probe process
@@ -26,6 +27,24 @@ import numpy as np
 from fastjax import pln
 from fastjax.pln import floor as F, rungs as R
 from fastjax.tools import profiling, timing
+
+
+def autodiff_time(compiled: Any, args: tuple) -> dict[str, Any]:
+    """Where the time of ``compiled`` (Part I's fit, ``jax.grad`` of ``pln.loss``) goes, traced on ``args``
+    (params, data, ...): the traced ops, op time shared by kind, and the LAPACK calls of its loop by the
+    matrix they work on, Σ (p×p) or XᵀX (for B): how many, and their share of op time. Checks that those
+    on Σ are an LU factorisation and two triangular solves."""
+    p = args[1].counts.shape[1]
+    ops = profiling.traced_ops(compiled, *args)
+    share = {r["op name"]: r["share"] for r in ops}
+    in_loop = [c for c in profiling.library_calls(compiled.as_text()) if c["in_loop"]]
+    on_sigma = [c for c in in_loop if c["operands"][0][-1] == p]
+    on_xtx = [c for c in in_loop if c["operands"][0][-1] != p]
+    kernels = sorted(c["kernel"] for c in on_sigma)
+    assert kernels == ["getrf", "trsm", "trsm"], kernels  # LU, and 2 solves
+    return {"ops": ops, "shares": profiling.shares_by_kind(ops),
+            "sigma calls": len(on_sigma), "sigma share": sum(share.get(c["name"], 0.0) for c in on_sigma),
+            "xtx calls": len(on_xtx), "xtx share": sum(share.get(c["name"], 0.0) for c in on_xtx)}
 
 
 def kernel_inputs(data: pln.PlnData) -> tuple[Any, Any, Any, Any]:
@@ -189,6 +208,18 @@ def time_openblas_waits(settings: dict[str, dict[str, str]], shapes: dict[str, t
             runs.append({"round": round_ + 1, "setting": setting, **json.loads(out.stdout.strip().splitlines()[-1])})
     return runs
 
+
+
+def openblas_table(runs: list[dict], settings: dict[str, dict[str, str]], reference: str) -> tuple[dict, list[dict]]:
+    """From ``time_openblas_waits``' rows: the median seconds per iteration of each setting on each shape,
+    and one table row per process (its setting's variables, ms per iteration, and × ``reference``'s median)."""
+    shapes = [k for k in runs[0] if k not in ("round", "setting")]
+    blas = {s: {k: float(np.median([r[k] for r in runs if r["setting"] == s])) for k in shapes} for s in settings}
+    env_text = {s: " ".join(f"{k}={v}" for k, v in e.items()) for s, e in settings.items()}
+    table = [{"process": r["round"], "setting": f"{r['setting']} ({env_text[r['setting']]})",
+              **{f"{k}, ms / iteration": 1e3 * r[k] for k in shapes},
+              **{f"{k}, × {reference}": r[k] / blas[reference][k] for k in shapes}} for r in runs]
+    return blas, table
 
 if __name__ == "__main__":
     print(json.dumps(_probe(json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])))
