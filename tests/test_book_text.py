@@ -217,7 +217,7 @@ BOOK_LINES = 14_000  # the whole book's chapter source, every check kept
 # Pages not yet cut to PAGE_LINES, each held at its length now so that it can only shrink; and the book's
 # total now, which can only shrink towards BOOK_LINES. Lower these as pages are cut; delete them at the goal.
 STILL_LONG: dict[str, int] = {
-    "chapters/floor/01-pln-gradient.md": 929, "chapters/floor/02-rprop-memory.md": 535,
+    "chapters/floor/01-pln-gradient.md": 537,
 }
 BOOK_LINES_NOW = 17_073
 

@@ -93,3 +93,16 @@ def test_another_librarys_bar_is_labelled_with_its_ratio_only_when_the_race_was_
     fig = plots.plot_ladder([floor], floor=floor, others=[quiet, busy], others_floor=floor, title="t")
     labels = [t.get_text().strip() for t in fig.axes[0].texts]
     assert labels == ["1.00×", "3.00×", "not measured (busy)"]
+
+
+def test_bars_one_bar_per_series_and_group_with_labels_above():
+    fig = plots.plot_bars(["a", "b", "c"], {"x": [1.0, 2.0, 3.0], "y": [2.0, 1.0, 0.5]}, "ms", above=["1×", "2×", "6×"])
+    ax = fig.axes[0]
+    assert len(ax.patches) == 6
+    assert [t.get_text() for t in ax.texts] == ["1×", "2×", "6×"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="2 values for 3 groups"):
+        plots.plot_bars(["a", "b", "c"], {"x": [1.0, 2.0]}, "ms")
+    with pytest.raises(ValueError, match="at least one series"):
+        plots.plot_bars(["a"], {}, "ms")
+

@@ -17,11 +17,9 @@ from fastjax import pln
 
 
 def precision_products(r: Any, chol: Any, col_sq: Any, by_product: bool | None = None) -> tuple[Any, Any]:
-    """``R Σ⁻¹`` and ``diag(Σ⁻¹)`` for ``Σ = (RᵀR + diag(col_sq))/n = L Lᵀ`` (``chol``: L, lower).
-
-    Two triangular solves, and the diagonal from ``Σ⁻¹(RᵀR + D) = nI``; or, with ``by_product``, ``Σ⁻¹``
-    built from L (p³ flops) and one matrix product. ``None`` picks the product where n > 2p (the
-    chapter's section "Solves or one product" measures why)."""
+    """``R Σ⁻¹`` and ``diag(Σ⁻¹)`` for ``Σ = (RᵀR + diag(col_sq))/n = L Lᵀ`` (``chol``: L, lower): two
+    triangular solves, the diagonal from ``Σ⁻¹(RᵀR + D) = nI``; or, with ``by_product``, ``Σ⁻¹`` from L and
+    one product. ``None``: the product where n > 2p (the section "Solves or one product" measures why)."""
     n, p = r.shape
     if by_product is None:
         by_product = n > 2 * p

@@ -1,4 +1,4 @@
-"""Charts for the book: the ladder (per-call times with the floor marked) and sweeps.
+"""Charts for the book: the ladder (per-call times with the floor marked), sweeps, and grouped bars.
 
 A chart drawn from timings that were measured on a busy machine (or spread too widely) says so in
 red under the chart, naming them (``fastjax.tools.timing.noise_note``), and hatches their bars.
@@ -150,5 +150,36 @@ def plot_sweep(
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     _caption(fig, caption, noise_note(named))
+    fig.tight_layout()
+    return fig
+
+
+def plot_bars(groups: Sequence[str], series: Mapping[str, Sequence[float]], ylabel: str, title: str = "",
+              above: Sequence[str] | None = None, colors: Sequence[str] | None = None, logy: bool = False,
+              caption: str | None = None) -> plt.Figure:
+    """Grouped bars: for each group ``groups[i]``, one bar per series (``series[name][i]``), side by side;
+    ``above[i]``, if given, written over group i's tallest bar."""
+    if not series:
+        raise ValueError("plot_bars needs at least one series")
+    for name, ys in series.items():
+        if len(ys) != len(groups):
+            raise ValueError(f"series {name!r} has {len(ys)} values for {len(groups)} groups")
+    if above is not None and len(above) != len(groups):
+        raise ValueError(f"above has {len(above)} labels for {len(groups)} groups")
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    x, width = np.arange(len(groups)), 0.8 / len(series)
+    for k, (name, ys) in enumerate(series.items()):
+        ax.bar(x + (k - (len(series) - 1) / 2) * width, ys, width, label=name,
+               **({"color": colors[k]} if colors else {}))
+    for i, text in enumerate(above or []):
+        ax.text(i, max(ys[i] for ys in series.values()) * (1.05 if logy else 1.0), text, ha="center",
+                va="bottom", fontsize=8)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xticks(x, groups, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    _caption(fig, caption, "")
     fig.tight_layout()
     return fig
