@@ -196,6 +196,39 @@ def fit_quietly(model: Any, data: pln.PlnData, dtype: str, maxiter: int, tol: fl
     return seconds, np.array([float(e) for e in model._elbo_criterion_monitor.elbo_list])
 
 
+def rprop_toy_paths(n: int = 8, lr: float = 0.01) -> dict[str, np.ndarray]:
+    """``n`` Rprop steps on a toy loss with sign flips, from one start, in float64: the paths (one row per
+    step) of ``torch.optim.Rprop``, ``fastjax.pln.rprop.rprop`` and ``optax.rprop`` (chapters/pln/00-model.md)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    import torch
+
+    from fastjax.pln.rprop import rprop
+
+    x0 = np.linspace(-1.0, 2.0, 4)
+
+    def optax_path(tx: Any) -> np.ndarray:
+        x, out = jnp.asarray(x0), []
+        state = tx.init(x)
+        for _ in range(n):
+            g = jax.grad(lambda x: jnp.sum((x - 1.0) ** 4 + 0.1 * jnp.sin(5 * x)))(x)
+            updates, state = tx.update(g, state, x)
+            x = optax.apply_updates(x, updates)
+            out.append(np.asarray(x))
+        return np.array(out)
+
+    x = torch.tensor(x0, requires_grad=True)
+    opt, torch_path = torch.optim.Rprop([x], lr=lr), []
+    for _ in range(n):
+        opt.zero_grad()
+        torch.sum((x - 1.0) ** 4 + 0.1 * torch.sin(5 * x)).backward()
+        opt.step()
+        torch_path.append(x.detach().numpy().copy())
+    with jax.enable_x64(True):
+        return {"torch": np.array(torch_path), "fastjax": optax_path(rprop(lr)), "optax.rprop": optax_path(optax.rprop(lr))}
+
+
 def pyplnmodels_elbo64(model: Any, data: pln.PlnData) -> float:
     """pyPLNmodels' own profiled-ELBO formula (``pyPLNmodels.calculations.elbos.profiled_elbo_pln``, which
     ``Pln.compute_elbo`` calls) evaluated in float64 at a fitted model's latent parameters, on ``data`` (the
