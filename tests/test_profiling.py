@@ -211,3 +211,16 @@ def test_traced_ops_and_their_kinds():
     assert abs(sum(shares.values()) - 1) < 1e-9 and "matrix products" in shares
     assert list(shares.values()) == sorted(shares.values(), reverse=True)
     assert profiling.op_kind({"op": "custom-call", "op name": "cholesky.1"}) == "library calls"
+
+
+def test_jax_log_collects_a_cache_miss_and_restores_the_logger():
+    import logging
+
+    logger = logging.getLogger("jax")
+    handlers, propagate = list(logger.handlers), logger.propagate
+    f = jax.jit(lambda x: x + 1)
+    with profiling.jax_log() as log, jax.explain_cache_misses(True):
+        f(jnp.ones(2))
+        f(jnp.ones(3))  # another shape: traced again, and explained
+    assert "TRACING CACHE MISS" in log.getvalue()
+    assert logger.handlers == handlers and logger.propagate == propagate
