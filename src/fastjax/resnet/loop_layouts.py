@@ -5,19 +5,21 @@ Five bodies: elementwise work only; four 3×3 convolutions, channels-last (NHWC/
 channels-first (NCHW/OIHW); and those convolutions with their kernel's gradient, which a train step
 adds. Each is timed once per jitted call from Python and K times in one scan (per step), and the
 scan's compiled program is kept so that its convolutions can be counted by place and layout
-(:func:`fastjax.resnet.bench.convolutions`).
+(:func:`fastjax.resnet.bench.convolutions`). ``trace_runs`` and ``loop_against_scan`` read where the
+time of the network's steps goes, as calls and as one scan, from ``jax.profiler`` traces.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastjax.resnet.bench import convolutions
-from fastjax.tools import timing
+from fastjax.resnet.bench import NHWC_LABELS, convolutions, trace_ops
+from fastjax.tools import profiling, timing
 
 Carry = tuple[jax.Array, jax.Array]
 
@@ -101,3 +103,37 @@ def measure_unrolls(batch: int, k: int, repeats: int, unrolls: tuple[int, ...] =
     t = timing.time_interleaved(fns, repeats=repeats, per={u: k for u in unrolls})
     return [{"unroll": u, "µs per step": t[u].median_us, "compile (s)": compile_s[u], "convolutions": convs[u]}
             for u in unrolls]
+
+
+def trace_runs(runs: dict[str, tuple[Callable[[], Any], int, str]], folder: str | Path) -> tuple[dict, dict]:
+    """Each ``name: (call, times, hlo)`` run ``times`` times under ``jax.profiler.trace`` (in ``folder/name``):
+    its ops, slowest first, joined with the compiled program's HLO text ``hlo``
+    (:func:`fastjax.resnet.bench.trace_ops`), and the trace file written, by name."""
+    ops, files = {}, {}
+    for name, (call, times, hlo) in runs.items():
+        with jax.profiler.trace(f"{folder}/{name}"):
+            out = None
+            for _ in range(times):
+                out = call()
+            jax.block_until_ready(out)
+        files[name] = profiling.find_trace(f"{folder}/{name}")
+        ops[name] = trace_ops(files[name], hlo)
+    return ops, files
+
+
+def conv_ms(rows: list[dict[str, Any]], other_layout: bool) -> float:
+    """Milliseconds of a trace's convolutions in layouts other than NHWC/HWIO (or in that layout)."""
+    return sum(r["total ms"] for r in rows if r["op"] == "convolution" and (r["labels"] != NHWC_LABELS) == other_layout)
+
+
+def loop_against_scan(ops: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
+    """From the traces of the same steps as calls (``"loop"``) and as one scan (``"scan"``): the op time
+    of each (ms), the scan's share in other-layout convolutions and in copies (%), the scan's extra time
+    (ms) and the convolutions' share of it (%)."""
+    totals = {p: sum(r["total ms"] for r in rows) for p, rows in ops.items()}
+    all_conv = {p: conv_ms(rows, True) + conv_ms(rows, False) for p, rows in ops.items()}
+    extra = totals["scan"] - totals["loop"]
+    return {"scan_ms": totals["scan"], "loop_ms": totals["loop"],
+            "share_other_conv": 100 * conv_ms(ops["scan"], True) / totals["scan"],
+            "copy_share": 100 * sum(r["total ms"] for r in ops["scan"] if r["op"] == "copy") / totals["scan"],
+            "extra_ms": extra, "conv_extra_share": 100 * (all_conv["scan"] - all_conv["loop"]) / extra}
