@@ -196,6 +196,29 @@ def fit_quietly(model: Any, data: pln.PlnData, dtype: str, maxiter: int, tol: fl
     return seconds, np.array([float(e) for e in model._elbo_criterion_monitor.elbo_list])
 
 
+def fit_with(tx: Any, params: tuple[Any, Any], data: pln.PlnData, n_iter: int) -> tuple[tuple[Any, Any], Any]:
+    """``n_iter`` updates of (M, S) with the optax transformation ``tx``, in one jitted ``lax.scan`` (``tx``
+    and ``n_iter`` static): the final (M, S) and the ELBO before each update (chapters/pln/00-model.md).
+    A new ``jax.jit`` of the same function finds the same compiled program."""
+    import jax
+
+    return jax.jit(_fit_with_body, static_argnums=(0, 3))(tx, params, data, n_iter)
+
+
+def _fit_with_body(tx: Any, params: tuple[Any, Any], data: pln.PlnData, n_iter: int) -> tuple[tuple[Any, Any], Any]:
+    import jax
+    import optax
+
+    def body(carry, _):
+        params, state = carry
+        value, grads = jax.value_and_grad(pln.loss)(params, data)
+        updates, state = tx.update(grads, state, params)
+        return (optax.apply_updates(params, updates), state), -value
+
+    (params, _), elbos = jax.lax.scan(body, (params, tx.init(params)), length=n_iter)
+    return params, elbos
+
+
 def rprop_toy_paths(n: int = 8, lr: float = 0.01) -> dict[str, np.ndarray]:
     """``n`` Rprop steps on a toy loss with sign flips, from one start, in float64: the paths (one row per
     step) of ``torch.optim.Rprop``, ``fastjax.pln.rprop.rprop`` and ``optax.rprop`` (chapters/pln/00-model.md)."""
