@@ -196,6 +196,38 @@ def fit_quietly(model: Any, data: pln.PlnData, dtype: str, maxiter: int, tol: fl
     return seconds, np.array([float(e) for e in model._elbo_criterion_monitor.elbo_list])
 
 
+def closure_retraces(data: pln.PlnData, n_objects: int = 3) -> dict[bool, int]:
+    """How often rung 2's Rprop update is traced over ``n_objects`` fits of 3 steps, each object wrapping
+    its update in a new ``jax.jit``: by ``tx_per_object`` (True: each object makes its optimizer, so a new
+    ``update`` closure; False: all use the module's). One trace counter per function
+    (chapters/pln/02-jit.md: the retrace comes from the new closure, not from the new ``jax.jit``)."""
+    import jax
+
+    from fastjax.pln import rungs as R
+
+    counters: dict[Any, timing.count_traces] = {}
+
+    class Recompiling(R.JitPln):
+        def __init__(self, data: pln.PlnData, tx_per_object: bool):
+            super().__init__(data)
+            update = pln.optimizer().update if tx_per_object else R.tx.update  # a new closure, or the module's
+            self._update = jax.jit(counters.setdefault(update, timing.count_traces(update)))
+
+        def step(self) -> Any:
+            value, grads = R.grad_fn(self.params, self.data)
+            updates, self.opt_state = self._update(grads, self.opt_state, self.params)
+            self.params = R.apply_fn(self.params, updates)
+            return -value
+
+    traces = {}
+    for tx_per_object in (True, False):
+        counters.clear()
+        for _ in range(n_objects):
+            Recompiling(data, tx_per_object).fit(3)
+        traces[tx_per_object] = sum(c.count for c in counters.values())
+    return traces
+
+
 def fit_with(tx: Any, params: tuple[Any, Any], data: pln.PlnData, n_iter: int) -> tuple[tuple[Any, Any], Any]:
     """``n_iter`` updates of (M, S) with the optax transformation ``tx``, in one jitted ``lax.scan`` (``tx``
     and ``n_iter`` static): the final (M, S) and the ELBO before each update (chapters/pln/00-model.md).
