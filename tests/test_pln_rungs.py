@@ -129,3 +129,9 @@ def test_pytree_fit_traces_once(data, monkeypatch):
     assert counted.count == 1
     R.PlnModel.create(data).fit(data, n_iter=3)  # a new model, the same shapes and static argument
     assert counted.count == 1
+
+
+def test_only_a_new_update_closure_retraces_rung_2s_update():
+    from fastjax.pln import bench as bench_pln
+
+    assert bench_pln.closure_retraces(pln.to_jax(pln.load_oaks_counts()), n_objects=2) == {True: 2, False: 1}

@@ -221,3 +221,16 @@ def test_array_types_name_what_each_instruction_makes_and_reads():
     text = "  %a = f32[2,2]{1,0} parameter(0)\n  %t = (f32[2], s32[]) custom-call(f32[2,2]{1,0} %a)\n" \
            "  ROOT %r = f32[2,2]{1,0} add(f32[2,2]{1,0} %a, f32[2]{0} %t)\n"
     assert profiling.array_types(text) == {"a": ("f32[2,2]", []), "r": ("f32[2,2]", ["f32[2,2]", "?"])}
+
+
+def test_jax_log_collects_a_cache_miss_and_restores_the_logger():
+    import logging
+
+    logger = logging.getLogger("jax")
+    handlers, propagate = list(logger.handlers), logger.propagate
+    f = jax.jit(lambda x: x + 1)
+    with profiling.jax_log() as log, jax.explain_cache_misses(True):
+        f(jnp.ones(2))
+        f(jnp.ones(3))  # another shape: traced again, and explained
+    assert "TRACING CACHE MISS" in log.getvalue()
+    assert logger.handlers == handlers and logger.propagate == propagate

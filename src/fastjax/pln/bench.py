@@ -196,6 +196,94 @@ def fit_quietly(model: Any, data: pln.PlnData, dtype: str, maxiter: int, tol: fl
     return seconds, np.array([float(e) for e in model._elbo_criterion_monitor.elbo_list])
 
 
+def closure_retraces(data: pln.PlnData, n_objects: int = 3) -> dict[bool, int]:
+    """How often rung 2's Rprop update is traced over ``n_objects`` fits of 3 steps, each object wrapping
+    its update in a new ``jax.jit``: by ``tx_per_object`` (True: each object makes its optimizer, so a new
+    ``update`` closure; False: all use the module's). One trace counter per function
+    (chapters/pln/02-jit.md: the retrace comes from the new closure, not from the new ``jax.jit``)."""
+    import jax
+
+    from fastjax.pln import rungs as R
+
+    counters: dict[Any, timing.count_traces] = {}
+
+    class Recompiling(R.JitPln):
+        def __init__(self, data: pln.PlnData, tx_per_object: bool):
+            super().__init__(data)
+            update = pln.optimizer().update if tx_per_object else R.tx.update  # a new closure, or the module's
+            self._update = jax.jit(counters.setdefault(update, timing.count_traces(update)))
+
+        def step(self) -> Any:
+            value, grads = R.grad_fn(self.params, self.data)
+            updates, self.opt_state = self._update(grads, self.opt_state, self.params)
+            self.params = R.apply_fn(self.params, updates)
+            return -value
+
+    traces = {}
+    for tx_per_object in (True, False):
+        counters.clear()
+        for _ in range(n_objects):
+            Recompiling(data, tx_per_object).fit(3)
+        traces[tx_per_object] = sum(c.count for c in counters.values())
+    return traces
+
+
+def fit_with(tx: Any, params: tuple[Any, Any], data: pln.PlnData, n_iter: int) -> tuple[tuple[Any, Any], Any]:
+    """``n_iter`` updates of (M, S) with the optax transformation ``tx``, in one jitted ``lax.scan`` (``tx``
+    and ``n_iter`` static): the final (M, S) and the ELBO before each update (chapters/pln/00-model.md).
+    A new ``jax.jit`` of the same function finds the same compiled program."""
+    import jax
+
+    return jax.jit(_fit_with_body, static_argnums=(0, 3))(tx, params, data, n_iter)
+
+
+def _fit_with_body(tx: Any, params: tuple[Any, Any], data: pln.PlnData, n_iter: int) -> tuple[tuple[Any, Any], Any]:
+    import jax
+    import optax
+
+    def body(carry, _):
+        params, state = carry
+        value, grads = jax.value_and_grad(pln.loss)(params, data)
+        updates, state = tx.update(grads, state, params)
+        return (optax.apply_updates(params, updates), state), -value
+
+    (params, _), elbos = jax.lax.scan(body, (params, tx.init(params)), length=n_iter)
+    return params, elbos
+
+
+def rprop_toy_paths(n: int = 8, lr: float = 0.01) -> dict[str, np.ndarray]:
+    """``n`` Rprop steps on a toy loss with sign flips, from one start, in float64: the paths (one row per
+    step) of ``torch.optim.Rprop``, ``fastjax.pln.rprop.rprop`` and ``optax.rprop`` (chapters/pln/00-model.md)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    import torch
+
+    from fastjax.pln.rprop import rprop
+
+    x0 = np.linspace(-1.0, 2.0, 4)
+
+    def optax_path(tx: Any) -> np.ndarray:
+        x, out = jnp.asarray(x0), []
+        state = tx.init(x)
+        for _ in range(n):
+            g = jax.grad(lambda x: jnp.sum((x - 1.0) ** 4 + 0.1 * jnp.sin(5 * x)))(x)
+            updates, state = tx.update(g, state, x)
+            x = optax.apply_updates(x, updates)
+            out.append(np.asarray(x))
+        return np.array(out)
+
+    x = torch.tensor(x0, requires_grad=True)
+    opt, torch_path = torch.optim.Rprop([x], lr=lr), []
+    for _ in range(n):
+        opt.zero_grad()
+        torch.sum((x - 1.0) ** 4 + 0.1 * torch.sin(5 * x)).backward()
+        opt.step()
+        torch_path.append(x.detach().numpy().copy())
+    with jax.enable_x64(True):
+        return {"torch": np.array(torch_path), "fastjax": optax_path(rprop(lr)), "optax.rprop": optax_path(optax.rprop(lr))}
+
+
 def pyplnmodels_elbo64(model: Any, data: pln.PlnData) -> float:
     """pyPLNmodels' own profiled-ELBO formula (``pyPLNmodels.calculations.elbos.profiled_elbo_pln``, which
     ``Pln.compute_elbo`` calls) evaluated in float64 at a fitted model's latent parameters, on ``data`` (the

@@ -15,18 +15,23 @@
   not know what a ``custom-call`` computes and counts each as -1 flop and -1 byte; ``library_calls`` /
   ``library_cost`` count the LAPACK ones of a CPU program (Cholesky, LU, triangular solves) from their
   shapes. Other custom calls (on a GPU: cuSOLVER's) stay as XLA counts them.
+- ``jax_log``: what JAX logs inside a block (``jax.log_compiles``, ``jax.explain_cache_misses``),
+  collected in a buffer instead of printed.
 - ``peak_flops`` / ``peak_bandwidth`` / ``roofline``: the device's measured peaks and the least time
   a program with given flops and bytes can take on it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import io
 import json
+import logging
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +41,21 @@ from fastjax.tools.timing import block, time_per_call
 
 # Instructions that compute nothing (they name, reshape in place, or bundle values): left out of counts.
 BOOKKEEPING = {"parameter", "constant", "bitcast", "tuple", "get-tuple-element"}
+
+
+@contextlib.contextmanager
+def jax_log() -> Iterator[io.StringIO]:
+    """Collect what JAX logs (the ``jax`` logger: compilations, cache-miss explanations) inside the
+    block in a StringIO, instead of printing it."""
+    buffer, logger = io.StringIO(), logging.getLogger("jax")
+    handler, propagate = logging.StreamHandler(buffer), logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield buffer
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 def find_trace(folder: str | Path) -> Path:
