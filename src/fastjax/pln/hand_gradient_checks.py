@@ -72,12 +72,15 @@ def check_float64(datasets: dict[str, pln.PlnData], data_np: dict[str, pln.PlnDa
                 err = rel_err(grads, ref_grads)
                 # float64 eps 1.1e-16: a solve with Σ loses up to cond(Σ) of it; 10 × cond(Σ) × eps allows for the
                 # sums over n rows (measured 1e-16 to 1e-15 at every size: far below the bound)
-                assert err <= 10 * cond * np.finfo(np.float64).eps, (name, how, err, cond)
-                assert abs(float(value - ref_value)) <= 1e-12 * abs(float(ref_value))  # the same float64 number
+                if not (err <= 10 * cond * np.finfo(np.float64).eps):
+                    raise AssertionError((name, how, err, cond))
+                if not (abs(float(value - ref_value)) <= 1e-12 * abs(float(ref_value))):  # the same float64 number
+                    raise AssertionError('failed: abs(float(value - ref_value)) <= 1e-12 * abs(float(ref_value))')
                 errors[(name, how)] = err
                 rows.append({"data": name, "R Σ⁻¹ by": how, "cond(Σ)": cond, "gradient error vs jax.grad": err})
             # jax.grad of the custom_vjp function returns the hand gradient (the rule's way), to the bit
-            assert rel_err(via_grad, by_rule) == 0.0, name
+            if not (rel_err(via_grad, by_rule) == 0.0):
+                raise AssertionError(name)
     return rows, errors, ref64
 
 
@@ -95,7 +98,8 @@ def check_float32(datasets: dict[str, pln.PlnData], ref64: dict[str, Any], names
         rows.append({"data": name, **{f"{k}, float32": v for k, v in e.items()}})
         # both are float32 roundings of one gradient; the diagonal identity subtracts two numbers of size n, so
         # allow the hand gradient 4× the automatic one's error (measured: within 1.1× of it at the quick size)
-        assert all(e[how] <= 4 * e["jax.grad"] + 1e-7 for how, _, _ in WAYS), (name, e)
+        if not (all(e[how] <= 4 * e["jax.grad"] + 1e-7 for how, _, _ in WAYS)):
+            raise AssertionError((name, e))
     return rows
 
 
@@ -115,7 +119,8 @@ def check_trajectory(oaks_np: pln.PlnData, optimizer: Any = pln.optimizer) -> di
         fitted64, hand64_elbos, crit64 = R.fit_until_converged(*args64, maxiter=len(torch64_elbos), loss=F.loss_by_hand,
                                                                optimizer=optimizer)
     hand64_elbos = np.asarray(hand64_elbos)
-    assert int(crit64.count) == len(torch64_elbos)
+    if not (int(crit64.count) == len(torch64_elbos)):
+        raise AssertionError('failed: int(crit64.count) == len(torch64_elbos)')
     # Part I's tolerance (chapters/pln/00-model.md): float64 rounding over n·p terms is ~1e-12 per ELBO, and
     # an Rprop sign decision within rounding of 0 could amplify it; 1e-10 allows 100× that
     np.testing.assert_allclose(hand64_elbos, torch64_elbos, rtol=1e-10)
@@ -161,5 +166,6 @@ def check_late(datasets: dict[str, pln.PlnData], data_np: dict[str, pln.PlnData]
         # near the optimum every float32 gradient loses digits; the hand gradient must not lose many more than
         # jax.grad's: 4× its error (measured at the quick size: at most 1.4×; up to 2.0× at the ends of float32
         # fits tried while writing the page, on oaks × 10 and 300 × 150 cells)
-        assert all(e[how] <= 4 * e["jax.grad"] + 1e-7 for how, _, _ in WAYS), (name, e)
+        if not (all(e[how] <= 4 * e["jax.grad"] + 1e-7 for how, _, _ in WAYS)):
+            raise AssertionError((name, e))
     return rows, late
