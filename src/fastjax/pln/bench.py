@@ -229,25 +229,18 @@ def closure_retraces(data: pln.PlnData, n_objects: int = 3) -> dict[bool, int]:
 
 
 def fit_with(tx: Any, params: tuple[Any, Any], data: pln.PlnData, n_iter: int) -> tuple[tuple[Any, Any], Any]:
-    """``n_iter`` updates of (M, S) with the optax transformation ``tx``, in one jitted ``lax.scan`` (``tx``
-    and ``n_iter`` static): the final (M, S) and the ELBO before each update (chapters/pln/00-model.md).
-    A new ``jax.jit`` of the same function finds the same compiled program."""
+    """``n_iter`` updates of (M, S) with the optax transformation ``tx``: Part I's compiled fit
+    (``rungs.fit_until_converged``) with ``tx`` as its optimizer and a tolerance of 0, so that every update
+    runs (chapters/pln/00-model.md). The final (M, S) and the ELBO before each update, the same numbers as
+    Part I's ``lax.scan`` fit (``rungs.scan_fit``) gives for pyPLNmodels' Rprop."""
     import jax
+    import jax.numpy as jnp
 
-    return jax.jit(_fit_with_body, static_argnums=(0, 3))(tx, params, data, n_iter)
+    from fastjax.pln import rungs
 
-
-def _fit_with_body(tx: Any, params: tuple[Any, Any], data: pln.PlnData, n_iter: int) -> tuple[tuple[Any, Any], Any]:
-    import jax
-    import optax
-
-    def body(carry, _):
-        params, state = carry
-        value, grads = jax.value_and_grad(pln.loss)(params, data)
-        updates, state = tx.update(grads, state, params)
-        return (optax.apply_updates(params, updates), state), -value
-
-    (params, _), elbos = jax.lax.scan(body, (params, tx.init(params)), length=n_iter)
+    dtype = jax.tree.leaves(params)[0].dtype
+    params, elbos, _ = jax.jit(rungs.fit_until_converged, static_argnames=("maxiter", "optimizer"))(
+        params, data, jnp.zeros((), dtype), jnp.asarray(jnp.inf, dtype), maxiter=n_iter, optimizer=lambda: tx)
     return params, elbos
 
 
