@@ -215,7 +215,7 @@ def test_hand_written_next_links_follow_the_toc():
 PAGE_LINES = 500  # a page a reader can hold: its lesson and recipe first, the evidence collapsed or in the package
 BOOK_LINES = 14_000  # the whole book's chapter source, every check kept
 # The book's total now, which can only shrink towards BOOK_LINES: lower it as pages are cut; delete it at the goal.
-BOOK_LINES_NOW = 15_932
+BOOK_LINES_NOW = 15_931
 
 
 def chapter_lines() -> dict[str, int]:

@@ -108,12 +108,12 @@ def collection_program(params: Any, data_and_masks: Any, tol: Any, target: Any, 
 def bootstrap_program(samples: pln.PlnData, tol: Any, target: Any, maxiter: int = pln.MAXITER) -> Any:
     """The bootstrap as one program: each sample refitted by Part VI's fit (``fastjax.pln.floor.fit_fast``: the
     hand-written gradient), one sample after another inside the program (``lax.map``), with its coefficients
-    in closed form; the same outputs as Part IV's ``fastjax.pln.many.bootstrap``.
+    in closed form: outputs of the same kind as Part IV's ``fastjax.pln.many.bootstrap`` (the float32 numbers
+    differ by rounding: two gradients, computed differently).
 
-    Why not ``jax.vmap`` over the samples, as chapters/many/02 teaches: on XLA:CPU the batched fit cost more
-    per refit than one fit at a time once the batch outgrew the cache (oaks: 120 ms per refit at 8 members,
-    205 ms at 64, against 126 ms for a Python loop of compiled fits), and its memory grew with every member
-    (7.4 GB at 10,000 refits). Member by member, memory holds one refit's working set plus the outputs."""
+    Why not ``jax.vmap`` over the samples, as chapters/many/02 teaches: on XLA:CPU, measured on oaks at 8 and 64
+    members, the batched fit cost more per refit than one fit at a time, and its memory grew with every member.
+    Member by member, memory holds one refit's working set besides the samples and the outputs."""
     import jax
 
     from fastjax.pln import floor as F
