@@ -254,7 +254,8 @@ def test_a_bootstrap_sample_that_loses_a_covariate_is_refused(tmp_path, capsys):
                   "--bootstrap: sample", "covariates have rank 1, not 2", "drop or merge")
 
 
-@pytest.mark.parametrize("mode", [["--ranks", "1-2"], ["--bootstrap", "3", "--seed", "5"]], ids=["ranks", "bootstrap"])
+@pytest.mark.parametrize("mode", [["--ranks", "1-2"], ["--bootstrap", "3", "--seed", "5"], ["--ranks", "1-2", "--converge"]],
+                         ids=["ranks", "bootstrap", "converge"])
 def test_ranks_and_bootstrap_are_cached_like_the_fit(tmp_path, mode):
     """Each program is compiled once, saved signed, and loaded by the next process (where a serialized
     executable is run first, before anything was lowered: the LAPACK fill-in of load_executable), with the same
@@ -269,12 +270,14 @@ def test_ranks_and_bootstrap_are_cached_like_the_fit(tmp_path, mode):
                            "--maxiter", MAXITER, "--quiet", "--out", out)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
         assert f"program {program}" in proc.stdout
+        if "--converge" in mode:  # its float64 program too
+            assert f"convergence {program}" in proc.stdout
         outs.append(np.load(out))
     assert outs[0].files == outs[1].files
     for key in outs[0].files:
         np.testing.assert_array_equal(outs[0][key], outs[1][key])  # the program loaded is the one compiled
     files = sorted(f.name for f in cache.iterdir())
-    assert len(files) == 2 and fitcmd.SECRET_NAME in files
+    assert len(files) == (3 if "--converge" in mode else 2) and fitcmd.SECRET_NAME in files
     assert fitcmd.cache_key((24, 5, 2), MAXITER) + ".jaxexe" not in files
     assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in cache.iterdir())
 

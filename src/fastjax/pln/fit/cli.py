@@ -5,7 +5,8 @@ or a program larger than the free memory, before it runs), 1 the fit or the writ
 interrupted (Ctrl-C: one line, within a step of ``run.interruptible``).
 
 What the output says: each member's stop (by the tolerance, or at ``--maxiter``; ``--json``'s ``converged``
-list, with ``n`` and ``p`` of the table read), and the columns by the input's names, in its order, with the
+list, with ``n`` and ``p`` of the table read; with ``--ranks ... --converge``, each member's stop by
+``fits.converge_member``'s rule and its ``converge_iterations``), and the columns by the input's names, in its order, with the
 columns dropped for holding only zeros (also in ``--out``: ``columns``, ``dropped``)."""
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", metavar="SPEC",
                    help="fit a PLN-PCA of each rank (1-10, 2,4,6 or 3) as one program: ELBO, BIC and ICL per rank, "
                         "and the rank each criterion chooses")
+    p.add_argument("--converge", action="store_true",
+                   help="with --ranks: then fit each rank on to its optimum (float64, L-BFGS on the same ELBO) "
+                        "instead of stopping where pyPLNmodels' rule or --maxiter leaves it")
     p.add_argument("--bootstrap", metavar="B",
                    help=f"refit on B samples of the rows drawn with replacement, as one program: {100 * LEVEL:g} %% "
                         "percentile intervals of the coefficients")
@@ -85,10 +89,14 @@ def _stages(stamps: list[float], seconds: dict[str, float], program: str) -> lis
     """The command's stages and their seconds, for --json (python -m imports fastjax and fastjax.pln before
     this module starts: they fall in the rest)."""
     loaded = program.startswith("loaded")
-    return [["the command's other imports", stamps[0] - STARTED], ["read and check the data", stamps[1] - stamps[0]],
-            ["import jax", seconds["import_jax"]],
-            ["start the backend; " + ("load the compiled fit" if loaded else "trace, lower, compile the fit"),
-             seconds["program"]], ["the fit itself", seconds["fit"]]]
+    stages = [["the command's other imports", stamps[0] - STARTED], ["read and check the data", stamps[1] - stamps[0]],
+              ["import jax", seconds["import_jax"]],
+              ["start the backend; " + ("load the compiled fit" if loaded else "trace, lower, compile the fit"),
+               seconds["program"]], ["the fit itself", seconds["fit"]]]
+    if "converge" in seconds:
+        stages += [["--converge: " + ("load" if "convergence loaded" in program else "trace, lower, compile") +
+                    " its program", seconds["converge_program"]], ["--converge: the fits", seconds["converge"]]]
+    return stages
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,6 +139,9 @@ def _main(argv: list[str] | None) -> int:
         n_boot = check_bootstrap(args.bootstrap) if args.bootstrap is not None else None
         if ranks is not None and n_boot is not None:
             raise ValueError("--ranks and --bootstrap are two different fits: give one of them")
+        if args.converge and ranks is None:
+            raise ValueError("--converge goes with --ranks: it fits each PLN-PCA member on to its optimum (the "
+                             "PLN fit and the bootstrap's refits stop by pyPLNmodels' rule or --maxiter)")
         if args.seed is not None and n_boot is None:
             raise ValueError("--seed is the seed of --bootstrap's samples: give it with --bootstrap B")
         seed = check_seed(args.seed) if args.seed is not None else 0
@@ -157,7 +168,7 @@ def _main(argv: list[str] | None) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UserWarning)
             if collection is not None:
-                result: Any = fit_ranks(data, collection, args.maxiter, args.tol, **options)
+                result: Any = fit_ranks(data, collection, args.maxiter, args.tol, converge=args.converge, **options)
             elif boot is not None:
                 result = fit_bootstrap(data, boot, args.maxiter, args.tol, **options)
             else:
@@ -179,9 +190,11 @@ def _main(argv: list[str] | None) -> int:
               "the input's order", file=sys.stderr)
     if isinstance(result, RanksResult):
         if args.json:
+            converge = {} if result.converge_iterations is None else dict(
+                converge_iterations=result.converge_iterations.tolist())
             print(json.dumps(dict(ranks=result.ranks, ELBO=result.elbo.tolist(), BIC=result.bic.tolist(),
                                   ICL=result.icl.tolist(), iterations=result.iterations.tolist(),
-                                  converged=(result.iterations < args.maxiter).tolist(),
+                                  converged=result.converged(args.maxiter).tolist(), **converge,
                                   best_BIC=result.best("BIC"), best_ICL=result.best("ICL"), program=result.program,
                                   stages=stages, **shape)))
         else:

@@ -23,6 +23,7 @@ The samples' seed is an input, not part of the program: another seed reuses the 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -31,7 +32,8 @@ from fastjax import pln
 from fastjax.pln.fit.cache import cache_what
 from fastjax.pln.fit.options import LEVEL, check_maxiter, check_tol, ranks_text
 from fastjax.pln.fit.run import (Program, _float32, _import_jax, _member, check_first_bootstrap_elbos,
-                                 check_first_elbo, check_first_pca_elbos, checked_elbos, run_program)
+                                 check_first_converge_elbos, check_first_elbo, check_first_pca_elbos, checked_elbos,
+                                 run_program)
 
 
 def fit_program(data: pln.PlnData, tol: Any, target: Any, maxiter: int = pln.MAXITER) -> Any:
@@ -150,6 +152,53 @@ def prepare_ranks(data: pln.PlnData, ranks: list[int]) -> Collection:
     return Collection(ranks, starts, masks)
 
 
+CONVERGE_WINDOW = 200  # --converge: a member stops when its ELBO gained less than CONVERGE_RTOL of itself over this many
+CONVERGE_RTOL = 1e-7  # iterations (on oaks, ranks 1-10 from the start: within 6.5e-5 of a float64 L-BFGS-B run to its end)
+CONVERGE_MAXITER = 50_000  # --converge: the iterations of one member at most (oaks' slowest rank needed about 19,000)
+
+
+def converge_member(params: Any, data_and_mask: Any, maxiter: int = CONVERGE_MAXITER) -> Any:
+    """One PLN-PCA member fitted on from ``params`` (in float64) by L-BFGS (``optax.lbfgs``, its zoom line
+    search) on the same ELBO, until the ELBO gained less than ``CONVERGE_RTOL`` of itself over the last
+    ``CONVERGE_WINDOW`` iterations, or ``maxiter`` iterations: ``(params, ELBO of each iteration (NaN past the
+    stop), iterations)``. The masked columns of a padded member have a gradient of 0, so L-BFGS leaves them."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from fastjax.pln import collection as col
+
+    def loss(p: Any) -> Any:
+        return col.pca_loss(p, data_and_mask)
+
+    opt = optax.lbfgs()
+    value_and_grad = optax.value_and_grad_from_state(loss)
+
+    def running(carry: Any) -> Any:
+        _, _, k, elbos = carry
+        gained = elbos[k - 1] - elbos[k - 1 - CONVERGE_WINDOW]
+        return (k < maxiter) & ((k <= CONVERGE_WINDOW) | (gained > CONVERGE_RTOL * jnp.abs(elbos[k - 1])))
+
+    def body(carry: Any) -> Any:
+        p, state, k, elbos = carry
+        value, grad = value_and_grad(p, state=state)
+        updates, state = opt.update(grad, state, p, value=value, grad=grad, value_fn=loss)
+        return optax.apply_updates(p, updates), state, k + 1, elbos.at[k].set(-value)
+
+    elbos = jnp.full((maxiter,), jnp.nan, params.m.dtype)
+    params, _, k, elbos = jax.lax.while_loop(running, body, (params, opt.init(params), jnp.int32(0), elbos))
+    return params, elbos, k
+
+
+def converge_program(params: Any, data_and_masks: Any, maxiter: int = CONVERGE_MAXITER) -> Any:
+    """``--converge``: every member of a collection fitted on by ``converge_member``, one after another
+    (``lax.map``), in float64 (run it under ``jax.enable_x64``)."""
+    import jax
+
+    data, masks = data_and_masks
+    return jax.lax.map(lambda pm: converge_member(pm[0], (data, pm[1]), maxiter), (params, masks))
+
+
 class Bootstrap(NamedTuple):
     """A bootstrap before the fit: the samples, member 0 all the rows as they are and members 1..B drawn
     with replacement (stacked NumPy ``PlnData``), the drawn row indices (B × n) and the seed."""
@@ -193,6 +242,14 @@ class RanksResult(NamedTuple):
     elbos: np.ndarray
     program: str
     seconds: dict[str, float]
+    converge_iterations: np.ndarray | None = None  # --converge: each member's L-BFGS iterations after Rprop's
+
+    def converged(self, maxiter: int) -> np.ndarray:
+        """Which members stopped by their rule: pyPLNmodels' tolerance before ``maxiter``, or with
+        ``--converge``, ``converge_member``'s before ``CONVERGE_MAXITER``."""
+        if self.converge_iterations is not None:
+            return np.asarray(self.converge_iterations) < CONVERGE_MAXITER
+        return np.asarray(self.iterations) < maxiter
 
     def best(self, criterion: str = "BIC") -> int:
         """The rank that ``criterion`` ("BIC" or "ICL", lower is better) chooses."""
@@ -208,9 +265,10 @@ class RanksResult(NamedTuple):
 
 def fit_ranks(data: pln.PlnData, collection: Collection, maxiter: int = pln.MAXITER, tol: float = pln.TOL,
               cache: str | os.PathLike | None = None, progress: bool = False,
-              compile_options: dict[str, Any] | None = None) -> RanksResult:
+              compile_options: dict[str, Any] | None = None, converge: bool = False) -> RanksResult:
     """Fit the PLN-PCA members of ``collection`` (``prepare_ranks``) to ``data`` as one program
-    (``collection_program``), in float32, cached as ``fit`` caches its program."""
+    (``collection_program``), in float32, cached as ``fit`` caches its program. ``converge``: then fit every
+    member on to its optimum (``converge_ranks``); the result is that of the members where they ended."""
     from fastjax.pln import collection as col
 
     maxiter, tol = check_maxiter(maxiter), check_tol(tol)
@@ -231,8 +289,56 @@ def fit_ranks(data: pln.PlnData, collection: Collection, maxiter: int = pln.MAXI
     (params, elbos, crit), where = run_program(prog, maxiter, cache, progress, compile_options, seconds, t0)
     params = col.PcaParams(*(np.asarray(a, np.float64) for a in params))
     table = col.member_criteria(params, elbos, crit, masks, data)
-    return RanksResult(list(ranks), table["ELBO"], np.asarray(table["BIC"]), np.asarray(table["ICL"]),
-                       np.asarray(crit.count), params, masks, np.asarray(elbos), where, seconds)
+    result = RanksResult(list(ranks), table["ELBO"], np.asarray(table["BIC"]), np.asarray(table["ICL"]),
+                         np.asarray(crit.count), params, masks, np.asarray(elbos), where, seconds)
+    return converge_ranks(data, result, cache, progress, compile_options) if converge else result
+
+
+def converge_ranks(data: pln.PlnData, result: RanksResult, cache: str | os.PathLike | None = None,
+                   progress: bool = False, compile_options: dict[str, Any] | None = None) -> RanksResult:
+    """``--converge``: every member of ``result`` fitted on from where it stopped, in float64, by
+    ``converge_program`` (cached as the others are), its first ELBOs checked against NumPy's float64 ones at
+    those parameters. The result holds the members where they ended: their ELBO (NumPy's float64 at their
+    parameters), BIC and ICL, and ``converge_iterations`` (each member's L-BFGS iterations; below
+    ``CONVERGE_MAXITER``: stopped by the rule)."""
+    import jax
+
+    from fastjax.pln import collection as col
+
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    n, p, _ = data.shape
+    ranks, masks = result.ranks, np.asarray(result.masks, np.float64)
+    data64 = pln.PlnData(*(np.asarray(a, np.float64) for a in data[:3]), np.float64(data.log_factorial))
+    program = dict(kind="converge", members=len(ranks), q_max=int(masks.shape[1]), dtype="float64",
+                   window=CONVERGE_WINDOW, rtol=CONVERGE_RTOL)
+
+    def first(out: Any) -> None:
+        check_first_converge_elbos(out[1], result.params, masks, data64)
+
+    def valid(out: Any) -> None:
+        for i, q in enumerate(ranks):
+            checked_elbos(np.asarray(out[1])[i], pln.Criterion(np.asarray(out[2])[i], 0.0, 0.0, 0.0, 0.0),
+                          f"rank {q} (--converge): ")
+
+    previous = bool(jax.config.jax_enable_x64)  # the process-wide flag: `interruptible` traces and runs the
+    jax.config.update("jax_enable_x64", True)  # program in a worker thread, where jax.enable_x64() does not reach
+    try:
+        prog = Program(converge_program, (result.params, (data64, masks)),
+                       cache_what(data.shape, CONVERGE_MAXITER, compile_options, program), "convergence",
+                       f"compiling the convergence of ranks {ranks_text(ranks)} for {n}×{p} counts (once per shape)",
+                       first=first, valid=valid)
+        (params, _, count), where = run_program(prog, CONVERGE_MAXITER, cache, progress, compile_options, seconds, t0)
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+    params = col.PcaParams(*(np.asarray(a, np.float64) for a in params))
+    elbo = np.array([float(col.pca_elbo(col.PcaParams(*(a[i] for a in params)), data64, masks[i], np))
+                     for i in range(len(ranks))])
+    table = col.criteria(elbo, params.s, masks, p, data.shape[2], np)
+    times = dict(result.seconds, converge_program=seconds["program"], converge=seconds["fit"])
+    return result._replace(elbo=elbo, bic=np.asarray(table["BIC"]), icl=np.asarray(table["ICL"]), params=params,
+                           program=f"{result.program}; convergence {where}", seconds=times,
+                           converge_iterations=np.asarray(count))
 
 
 class BootstrapResult(NamedTuple):

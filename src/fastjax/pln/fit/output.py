@@ -13,7 +13,8 @@ import numpy as np
 
 from fastjax import pln
 from fastjax.pln.fit.cache import remove_stale_temps, temp_name
-from fastjax.pln.fit.fits import BootstrapResult, FitResult, RanksResult
+from fastjax.pln.fit.fits import (CONVERGE_MAXITER, CONVERGE_RTOL, CONVERGE_WINDOW, BootstrapResult, FitResult,
+                                  RanksResult)
 from fastjax.pln.fit.options import ranks_text
 
 
@@ -57,8 +58,9 @@ def write_ranks(result: RanksResult, out: str | os.PathLike, **names: Any) -> No
     (``write_npz``). Raises OSError."""
     best = result.best("BIC")
     chosen = result.member(best)
+    more = {} if result.converge_iterations is None else dict(converge_iterations=result.converge_iterations)
     write_npz(out, ranks=np.asarray(result.ranks), ELBO=result.elbo, BIC=result.bic, ICL=result.icl,
-              iterations=result.iterations, best_BIC=best, best_ICL=result.best("ICL"), elbos=result.elbos,
+              iterations=result.iterations, **more, best_BIC=best, best_ICL=result.best("ICL"), elbos=result.elbos,
               M=chosen.m, S=chosen.s, C=chosen.components, B=chosen.coef, Sigma=chosen.components @ chosen.components.T,
               **names)
 
@@ -79,18 +81,30 @@ def _print_ranks(result: RanksResult, data: pln.PlnData, maxiter: int) -> None:
     n, p, d = data.shape
     print(f"PLN-PCA of {n} samples × {p} counts, {d} covariate(s), ranks {ranks_text(result.ranks)} as one program: "
           f"program {result.program}; fit {result.seconds['fit']:.3f} s")
+    more = result.converge_iterations is not None
+    if more:
+        print(f"--converge: then each rank fitted on in float64 by L-BFGS until its ELBO gained less than "
+              f"{CONVERGE_RTOL:g} of itself over {CONVERGE_WINDOW} iterations (at most {CONVERGE_MAXITER:,}); "
+              f"{result.seconds['converge']:.3f} s")
     print(f"{'rank':>5} {'ELBO':>14} {'BIC':>14} {'ICL':>14} {'iterations':>10}  stopped")
-    converged = result.iterations < maxiter
+    converged = result.converged(maxiter)
     for i, q in enumerate(result.ranks):
-        print(f"{q:>5} {result.elbo[i]:>14.8g} {result.bic[i]:>14.8g} {result.icl[i]:>14.8g} {result.iterations[i]:>10}  "
-              f"{'converged (tol)' if converged[i] else 'at --maxiter'}")
+        its = f"{result.iterations[i]}+{result.converge_iterations[i]}" if more else f"{result.iterations[i]}"
+        stop = (("converged" if converged[i] else f"at {CONVERGE_MAXITER:,}") if more else
+                "converged (tol)" if converged[i] else "at --maxiter")
+        print(f"{q:>5} {result.elbo[i]:>14.8g} {result.bic[i]:>14.8g} {result.icl[i]:>14.8g} {its:>10}  {stop}")
     by_bic, by_icl = result.best("BIC"), result.best("ICL")
     print(f"rank chosen by BIC: {by_bic}; by ICL: {by_icl}")
     if result.ranks[-1] in (by_bic, by_icl):
         larger = (f": try larger ranks, such as --ranks {result.ranks[-1]}-{min(p, n - 1, 2 * result.ranks[-1])}"
                   if result.ranks[-1] < min(p, n - 1) else " (and the largest this table allows)")
         print(f"the rank chosen is the largest tried; a larger one may do better{larger}")
-    _print_stops(converged, maxiter, "members")
+    if more:
+        if not converged.all():
+            print(f"{int(np.sum(~converged))} of {converged.size} members reached {CONVERGE_MAXITER:,} L-BFGS iterations "
+                  "still gaining: their ELBO is where that takes them")
+    else:
+        _print_stops(converged, maxiter, "members")
 
 
 def _print_stops(converged: np.ndarray, maxiter: int, what: str) -> None:

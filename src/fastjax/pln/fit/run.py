@@ -81,6 +81,29 @@ def check_first_pca_elbos(elbos: Any, starts: Any, masks: np.ndarray, data: pln.
             raise CacheRejected(f"gives the ELBO {got:.7g} at the start of rank {int(np.sum(mask))}, where it is {want:.7g}")
 
 
+def first_converge_elbo_rtol(params: Any, data: pln.PlnData, mask: Any) -> float:
+    """As ``first_pca_elbo_rtol``, for the float64 program of ``--converge``: the worst case of a float64 sum
+    of N = n·p + d + q + 2 terms, (N − 1)·u64 times the sum of their magnitudes (Higham §4.2), doubled."""
+    from fastjax.pln import collection as col
+
+    n, p, d = data.shape
+    terms = n * p + d + int(np.sum(mask)) + 2
+    return 2 * terms * float(np.finfo(np.float64).eps / 2) * col.pca_elbo_condition(params, data, mask)
+
+
+def check_first_converge_elbos(elbos: Any, params: Any, masks: np.ndarray, data: pln.PlnData) -> None:
+    """Raise CacheRejected unless every member's first ELBO in ``--converge``'s program (at the parameters
+    the collection ended at, before any L-BFGS step) is NumPy's float64 ``collection.pca_elbo`` there, within
+    ``first_converge_elbo_rtol``."""
+    from fastjax.pln import collection as col
+
+    for i, mask in enumerate(masks):
+        member = col.PcaParams(*(np.asarray(a, np.float64)[i] for a in params))
+        want, got = float(col.pca_elbo(member, data, mask, np)), float(np.asarray(elbos)[i, 0])
+        if not abs(got - want) <= first_converge_elbo_rtol(member, data, mask) * abs(want):
+            raise CacheRejected(f"gives the ELBO {got:.12g} where rank {int(np.sum(mask))} ended, where it is {want:.12g}")
+
+
 def check_first_bootstrap_elbos(elbos: Any, samples: pln.PlnData) -> None:
     """``check_first_elbo`` for every member of a bootstrap program (``samples`` stacked on axis 0)."""
     for b in range(np.shape(samples.counts)[0]):
