@@ -232,3 +232,17 @@ def plot_roofline(flops_per_s: float, bytes_per_s: float, points: Mapping[str, t
     _caption(fig, caption, "")
     fig.tight_layout()
     return fig
+
+
+def plot_histogram(values: Sequence[float], marks: Mapping[str, float], xlabel: str, ylabel: str = "count",
+                   bins: int = 20) -> plt.Figure:
+    """A histogram of ``values`` with a vertical line at each ``marks[label]`` (solid, then dashed, ...)."""
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    ax.hist(values, bins=bins, color="#4c72b0")
+    for (label, value), style in zip(marks.items(), ("-", "--", ":", "-.")):
+        ax.axvline(value, color="#c44e52", linestyle=style, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    fig.tight_layout()
+    return fig
