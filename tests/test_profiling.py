@@ -234,3 +234,16 @@ def test_jax_log_collects_a_cache_miss_and_restores_the_logger():
         f(jnp.ones(3))  # another shape: traced again, and explained
     assert "TRACING CACHE MISS" in log.getvalue()
     assert logger.handlers == handlers and logger.propagate == propagate
+
+
+def test_fusion_summary_counts_what_fused():
+    import jax
+    import jax.numpy as jnp
+
+    from fastjax.tools import profiling as prof
+
+    f = jax.jit(lambda x: jnp.exp(x * 2.0 + 1.0).sum())
+    x = jnp.ones((64, 64))
+    row = prof.fusion_summary(f.lower(x).compile().as_text(), f.lower(x).as_text())
+    assert row["StableHLO ops"] >= 3 and row["fusions"] == len(prof.fusions(f.lower(x).compile().as_text()))
+    assert row["ops fused in all"] >= row["fusions of ≥ 2 ops"]

@@ -3,7 +3,8 @@ chapters/floor/01-pln-gradient.md measures them: where the time of ``jax.grad``'
 (``autodiff_time``), the ways of applying Σ⁻¹ as kernels of their own (``time_sigma_kernels``), the p×p
 and n×n algebra where n < p (``time_wide``), one iteration's flops and bytes (``iteration_cost``), whole
 fits against their roofline (``against_roofline``), and the fit under several OpenBLAS idle-thread
-waits, one fresh process each (``time_openblas_waits``, ``openblas_table``). Each function also checks
+waits, one fresh process each (``time_openblas_waits``, ``openblas_table``, ``openblas_glues``); and, for
+chapters/floor/02-rprop-memory.md, the new floor raced against Part I's (``race_floors``). Each function also checks
 that what it times computes the same numbers, and raises (``AssertionError``) where it does not.
 Timings are the caller's to report; nothing here is a timed assertion.
 
@@ -225,6 +226,95 @@ def openblas_table(runs: list[dict], settings: dict[str, dict[str, str]], refere
               **{f"{k}, ms / iteration": 1e3 * r[k] for k in shapes},
               **{f"{k}, × {reference}": r[k] / blas[reference][k] for k in shapes}} for r in runs]
     return blas, table
+
+
+# beyond the spread of such whole-process runs: the margin the control's reading needs
+OPENBLAS_SPREAD_TOL = 1.1
+
+
+def openblas_glues(blas: dict[str, dict[str, float]], shapes: dict[str, str], reference: str = "import fastjax",
+                   tall: str = "middle") -> dict[str, Any]:
+    """The floor page's figures from ``openblas_table``'s medians: for each ``shapes[key] = shape``,
+    ``blas_{key}_default`` / ``_short`` / ``_one`` (each setting's time over ``reference``'s) and
+    ``blas_best_{key}`` (the fastest setting); and ``blas_reading``, what the control of no OpenBLAS threads
+    says about the ``tall`` shape, in words chosen by the measurement."""
+    out: dict[str, Any] = {}
+    for key, shape in shapes.items():
+        for name, setting in (("default", "OpenBLAS's default"), ("short", "the shortest wait"),
+                              ("one", "one OpenBLAS thread")):
+            out[f"blas_{key}_{name}"] = blas[setting][shape] / blas[reference][shape]
+        out[f"blas_best_{key}"] = min(blas, key=lambda s: blas[s][shape])
+    t = shapes[tall]
+    slower = blas["OpenBLAS's default"][t] > OPENBLAS_SPREAD_TOL * blas[reference][t]
+    faster = blas["one OpenBLAS thread"][t] <= OPENBLAS_SPREAD_TOL * blas[reference][t]
+    out["blas_reading"] = (
+        "With no OpenBLAS threads at all, the tall fit took at most 1.1× its time under the setting of import "
+        "fastjax, while OpenBLAS's default made it more than 1.1× as long: the time that the default wait costs "
+        "there is time of OpenBLAS's idle threads, not of its calls" if slower and faster else
+        "The control does not separate the two here (against the setting of import fastjax, the default wait did "
+        "not make the tall fit more than 1.1× as long, or one OpenBLAS thread did): on this machine we cannot say "
+        "that the idle threads take time from XLA's")
+    return out
+
+
+# the last ELBOs of the floor fits after the same iterations (chapters/floor/02-rprop-memory): measured equal
+LAST_ELBO_TOL = 1e-5
+
+
+def loop_carries(fit: Any, args: tuple, n_iter: int, **kw: Any) -> int:
+    """How many n×p float32 arrays the fit's while loop carries (data, parameters, optimizer state), read from
+    its lowered program (no compile)."""
+    n, p = args[1].counts.shape
+    line = next(ln for ln in fit.lower(*args, maxiter=n_iter, **kw).as_text().splitlines() if "stablehlo.while" in ln)
+    return line.count(f"tensor<{n}x{p}xf32>")
+
+
+def race_floors(datasets: dict[str, pln.PlnData], fits: dict[str, tuple], compiled_fit: Any, n_iter: int, repeats: int,
+                flops_per_s: float, bytes_per_s: float) -> dict[str, Any]:
+    """The floor page's race (chapters/floor/02-rprop-memory): on each data set, the fits ``fits[label] =
+    (fit, kwargs, loss, optimizer)`` compiled by ``compiled_fit(label, data)``, ``n_iter`` iterations each,
+    timed in turns, each against its roofline. Raises AssertionError unless the fits end at the same last ELBO
+    (``LAST_ELBO_TOL``), the packed state's loop carries two n×p arrays fewer, and ``floor.fit_fast`` packs
+    exactly where M has at least ``floor.PACKED_FROM`` entries. Returns the table's rows (``floor_rows``), the
+    medians and roofline fractions by (data, label), one row per data set on the packing rule, and the
+    compiled fits with their arguments."""
+    out: dict[str, Any] = {"floor_rows": [], "t": {}, "fraction": {}, "rule_rows": [], "compiled": {}}
+    first = next(iter(fits))
+    for name, d in datasets.items():
+        a = (pln.start(d), d, jnp.float32(0), jnp.float32(math.inf))
+        compiled = {k: compiled_fit(k, d) for k in fits}
+        out["compiled"][name] = (compiled, a)
+        t = timing.time_interleaved({k: (lambda c=c: c(*a)) for k, c in compiled.items()}, repeats=repeats,
+                                    per={k: n_iter for k in compiled})
+        last = {k: float(np.asarray(c(*a)[1])[n_iter - 1]) for k, c in compiled.items()}
+        # the same iterations (two roundings of one gradient; Rprop follows signs): measured equal last ELBOs
+        if not max(abs(v / last[first] - 1) for v in last.values()) <= LAST_ELBO_TOL:
+            raise AssertionError(f"{name}: the fits end apart: {last}")
+        with_torch_state = loop_carries(R.fit_until_converged, a, n_iter, loss=F.loss_by_hand)
+        with_packed_state = loop_carries(R.fit_until_converged, a, n_iter, loss=F.loss_by_hand,
+                                         optimizer=F.fast_optimizer)
+        if with_packed_state != with_torch_state - 2:  # one state array per parameter instead of two
+            raise AssertionError(f"{name}: the packed loop carries {with_packed_state}, torch's {with_torch_state}")
+        packs = loop_carries(F.fit_fast, a, n_iter) == with_packed_state
+        if packs != (d.counts.size >= F.PACKED_FROM):
+            raise AssertionError(f"{name}: fit_fast packs={packs} with {d.counts.size} entries of M")
+        labels = list(fits)
+        torch_label, packed_label = labels[1], labels[2]
+        paid = t[packed_label].median < t[torch_label].median
+        out["rule_rows"].append({"data": name, "entries of M": d.counts.size, "F.fit_fast packs": "✓" if packs else "",
+                                 "packing paid here": "✓" if paid else "",
+                                 "packed / torch's state": t[packed_label].median / t[torch_label].median})
+        for k, (_, _, loss, opt) in fits.items():
+            c = iteration_cost(loss, d, opt())  # one iteration as its own program, LAPACK calls included
+            bound = profiling.roofline(c["flops"], c["bytes accessed"], flops_per_s, bytes_per_s)
+            out["t"][(name, k)] = t[k].median
+            out["fraction"][(name, k)] = profiling.fraction_of_roofline(t[k].median, bound)
+            out["floor_rows"].append({"data": name, "fit": k, "ms / iteration": 1e3 * t[k].median,
+                                      f"× {first}": t[k].median / t[first].median,
+                                      "bound ms": 1e3 * bound["bound s"], "limit": bound["limit"],
+                                      "fraction of roofline": out["fraction"][(name, k)]})
+    return out
+
 
 if __name__ == "__main__":
     print(json.dumps(_probe(json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])))

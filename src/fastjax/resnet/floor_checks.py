@@ -5,7 +5,8 @@
 - ``train_like_floor``: compiled steps trained from the floor's start on the same batches; each must give
   the floor's first gradient and losses by Part II's rules (``resnet_ladder.assert_same_gradients`` and
   ``assert_same_losses``).
-- ``without_precision``: a compiled program's text without the precision attribute and the metadata.
+- ``without_precision``: a compiled program's text without the precision attribute and the metadata;
+  ``check_kept_convolutions``: channels first and ``Precision.HIGHEST`` leave XLA:CPU's program as it was.
 
 Each raises an AssertionError naming what differs.
 """
@@ -99,3 +100,24 @@ def without_precision(hlo: str) -> str:
     """A compiled program's text without the precision attribute, the source metadata and debug tables."""
     hlo = re.sub(r", (operand_precision|metadata)=\{[^}]*\}", "", hlo)
     return hlo.split("\n", 1)[1].split("\nFileNames")[0]  # the first line names the module
+
+
+def check_kept_convolutions(compiled: dict[str, Any], runs: dict[str, Any], floor: str, nchw: str,
+                            highest: str) -> dict[str, Any]:
+    """The experiments that keep XLA's convolutions change nothing that runs: the channels-first program
+    (``compiled[nchw]``) holds the floor's convolution layouts (XLA assigns layouts itself), and, on XLA:CPU,
+    the ``Precision.HIGHEST`` program is the floor's but for the precision attribute and trains to the same
+    bits (``runs[name] = (losses, leaves)`` from ``train_like_floor``). Raises AssertionError where not;
+    returns the layouts and the two precision findings (on another device they are reported, not asserted)."""
+    from fastjax.resnet import conv_trace
+
+    layouts = {name: conv_trace.layouts(compiled[name].compiled.as_text()) for name in (floor, nchw)}
+    if layouts[floor] != layouts[nchw]:
+        raise AssertionError(f"channels first changed the compiled layouts: {layouts}")
+    same_bits = bool(np.array_equal(runs[highest][0], runs[floor][0])
+                     and all(np.array_equal(a, b) for a, b in zip(runs[highest][1], runs[floor][1])))
+    same_program = (without_precision(compiled[highest].compiled.as_text())
+                    == without_precision(compiled[floor].compiled.as_text()))
+    if jax.default_backend() == "cpu" and not (same_bits and same_program):  # what XLA:CPU does
+        raise AssertionError(f"Precision.HIGHEST changed XLA:CPU's program: bits {same_bits}, program {same_program}")
+    return {"layouts": layouts, "same bits": same_bits, "same program": same_program}

@@ -183,3 +183,66 @@ def plot_bars(groups: Sequence[str], series: Mapping[str, Sequence[float]], ylab
     _caption(fig, caption, "")
     fig.tight_layout()
     return fig
+
+
+def draw_timeline(events: Sequence[dict], program_hlo: str, steps_shown: int, ax: plt.Axes) -> None:
+    """The first ``steps_shown`` steps of a trace (``profiling.read_trace``'s events) on ``ax``: the Python
+    thread's dispatch events on top, then one lane per XLA thread with that program's operations, coloured
+    by kind."""
+    from fastjax.tools import profiling  # the HLO parser: only this chart needs it
+
+    known = profiling.instructions(program_hlo)
+    ops_ev = [e for e in events if e["name"] in known]
+    first = ops_ev[0]["name"]  # the program's first instruction: it starts every step
+    starts = [e["ts"] for e in ops_ev if e["name"] == first]
+    t0 = starts[0]
+    t1 = starts[steps_shown] if len(starts) > steps_shown else max(e["ts"] + e["dur"] for e in ops_ev)
+    dispatch = [e for e in events if e["thread"] == "python" and ("PjitFunction" in e["name"] or "Execute" in e["name"])]
+    shown = [e for e in dispatch + ops_ev if t0 - 1e3 <= e["ts"] < t1]
+    threads = sorted({e["thread"] for e in shown if e["thread"] != "python"})
+    lanes = ["python"] + threads
+    labels = ["Python: dispatch"] + [f"XLA thread {k + 1}" for k in range(len(threads))]
+    colours = {"convolution": "#c44e52", "fusion": "#4c72b0", "dot": "#dd8452", "custom-call": "#8172b3"}
+    for e in shown:
+        op = known[e["name"]]["op"] if e["name"] in known else "host"
+        colour = colours.get(op, "0.6" if op == "host" else "#55a868")
+        ax.broken_barh([((e["ts"] - t0) / 1e3, max(e["dur"], 1.0) / 1e3)], (lanes.index(e["thread"]) - 0.4, 0.8),
+                       color=colour)
+    ax.set_yticks(range(len(lanes)), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the first operation of the first step")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (*colours.values(), "#55a868", "0.6")]
+    ax.legend(handles, [*colours, "other op", "dispatch"], fontsize=7, loc="upper right", ncols=2)
+
+
+def plot_roofline(flops_per_s: float, bytes_per_s: float, points: Mapping[str, tuple[float, float]],
+                  title: str = "", caption: str | None = None) -> plt.Figure:
+    """The roofline ``min(peak flops, intensity × peak bandwidth)`` with one marker per ``points[name] =
+    (arithmetic intensity in flops per byte, attained flop/s)``."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    intensity = np.logspace(-2, 3, 200)
+    ax.loglog(intensity, np.minimum(flops_per_s, intensity * bytes_per_s) / 1e9, color="0.3",
+              label="roofline (measured peaks)")
+    for (name, (at, attained)), marker in zip(points.items(), "os^vD"):
+        ax.loglog(at, attained / 1e9, marker, markersize=9, label=name)
+    ax.set_xlabel("arithmetic intensity (flops per byte accessed)")
+    ax.set_ylabel("Gflop/s")
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    _caption(fig, caption, "")
+    fig.tight_layout()
+    return fig
+
+
+def plot_histogram(values: Sequence[float], marks: Mapping[str, float], xlabel: str, ylabel: str = "count",
+                   bins: int = 20) -> plt.Figure:
+    """A histogram of ``values`` with a vertical line at each ``marks[label]`` (solid, then dashed, ...)."""
+    fig, ax = plt.subplots(figsize=(7, 2.8))
+    ax.hist(values, bins=bins, color="#4c72b0")
+    for (label, value), style in zip(marks.items(), ("-", "--", ":", "-.")):
+        ax.axvline(value, color="#c44e52", linestyle=style, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    fig.tight_layout()
+    return fig

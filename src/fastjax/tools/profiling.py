@@ -8,7 +8,8 @@
   Chrome/Perfetto JSON it writes), in µs.
 - ``top_ops``: those events joined with a compiled program's HLO text: total ms per HLO instruction;
   ``traced_ops`` traces one call of a compiled program and returns them; ``shares_by_kind`` groups them.
-- ``fusions`` / ``unfused``: what XLA fused in a compiled program, read from ``compiled.as_text()``;
+- ``fusions`` / ``unfused`` / ``fusion_summary``: what XLA fused in a compiled program, read from
+  ``compiled.as_text()``;
   ``fusion_bytes``: what each of its fusions reads from and writes to memory.
 - ``cost``: flops, bytes and transcendentals of a compiled program: XLA's cost analysis (``xla_cost``:
   one dict on every JAX version; older ones return a list) with its LAPACK calls counted in. XLA does
@@ -236,6 +237,18 @@ def unfused(hlo: str) -> Counter:
         raise ValueError("expected the text of a compiled HLO module (compiled.as_text()); it has no 'HloModule'")
     return Counter(op for lines in _kernels(hlo).values() for op in _opcodes(lines) if op != "fusion")
 
+
+def fusion_summary(hlo: str, lowered: str) -> dict[str, Any]:
+    """One table row on what XLA fused in a compiled program (``hlo``: ``compiled.as_text()``; ``lowered``:
+    the StableHLO text of ``jax.jit(f).lower(...).as_text()``): StableHLO ops, fusions by kind, fusions of
+    two or more ops, ops fused in all, and the ops left alone."""
+    fused, alone = fusions(hlo), unfused(hlo)
+    kinds = Counter(f["kind"] for f in fused)
+    return {"StableHLO ops": sum(1 for line in lowered.splitlines() if " = stablehlo." in line),
+            "fusions": len(fused), "kinds": ", ".join(f"{k} {v}" for k, v in kinds.most_common()),
+            "fusions of ≥ 2 ops": sum(len(f["ops"]) >= 2 for f in fused),
+            "ops fused in all": sum(len(f["ops"]) for f in fused),
+            "ops left alone": ", ".join(f"{op} {k}" for op, k in alone.most_common())}
 
 def top_ops(events: list[dict[str, Any]], hlo: str, n: int | None = None) -> list[dict[str, Any]]:
     """Trace events of the HLO instructions of one compiled program, summed per instruction, slowest
