@@ -113,3 +113,22 @@ register(Exercise(
     witness=("host reads", "programs"),  # the starting program reads the criterion (float()) at every iteration
     repeats=2,  # the starting program is 10x slower or more: two rounds say so
 ))
+
+
+def count_inits(cls: type, fit: Any, *args: Any) -> int:
+    """How many times ``cls.__init__`` runs during ``fit(*args)`` (the evidence of pln-3: a pytree class whose
+    ``tree_unflatten`` calls ``__init__`` runs it again for every state JAX rebuilds). ``__init__`` is
+    wrapped for the call only."""
+    count = [0]
+    original = cls.__init__
+
+    def counting(self: Any, *a: Any, **k: Any) -> None:
+        count[0] += 1
+        original(self, *a, **k)
+
+    cls.__init__ = counting
+    try:
+        fit(*args)
+    finally:
+        cls.__init__ = original
+    return count[0]

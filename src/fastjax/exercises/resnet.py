@@ -150,3 +150,60 @@ register(Exercise(
     slow_hint="flatten once before the loop and keep the jitted step where the next call finds it (a "
               "functools.cache keyed on the tree structure); a new jax.jit per call compiles again",
 ))
+
+
+def retrace_counts(model: Any, images: Any, labels: Any, calls: int = 3) -> dict[str, int]:
+    """The evidence of resnet-2 (chapters/resnet/09-practice.md): how many times the loss is traced in
+    ``calls`` calls of it, wrapped four ways (a new ``nnx.jit`` per call, one ``nnx.jit`` made once, a new
+    ``jax.jit`` of the same function per call, a new ``jax.jit`` of a new function per call). ``jax.jit``
+    keys its cache on the function it wraps; a new ``nnx.jit`` traces again even of the same function.
+    In evaluation mode the loss writes nothing back into the model, so ``jax.jit`` can take it as it is.
+    Raises AssertionError unless the counts are ``calls, 1, 1, calls``: they hold on any machine."""
+    from fastjax.tools.timing import count_traces
+
+    wraps = {"a new nnx.jit of the same function per call": (True, nnx.jit),
+             "one nnx.jit, made once": (False, nnx.jit),
+             "a new jax.jit of the same function per call": (True, jax.jit),
+             "a new jax.jit of a new function per call": (True, lambda f: jax.jit(lambda *a: f(*a)))}
+    traces = {}
+    model.eval()
+    try:
+        for label, (per_call, wrap) in wraps.items():
+            counted = count_traces(R.loss_fn)
+            made = wrap(counted)
+            for _ in range(calls):
+                (wrap(counted) if per_call else made)(model, images, labels)
+            traces[label] = counted.count
+    finally:
+        model.train()
+    want = dict(zip(wraps, (calls, 1, 1, calls)))
+    if traces != want:
+        raise AssertionError(f"traces {traces}, expected {want}")
+    return traces
+
+
+def scan_convolutions(config: ResNetConfig = CONFIG, batch: int = BATCH, scan_was_slower: bool = True
+                      ) -> tuple[int, int, str]:
+    """The evidence of resnet-3 (chapters/resnet/09-practice.md): where the compiled programs of an epoch
+    in one ``lax.scan`` (``resnet_code.scanned_steps``) and of one step (``resnet_code.flat_step``) keep
+    their convolutions, counted by :func:`fastjax.resnet.bench.convolutions`. Returns the scan's
+    convolutions in a loop in another layout than NHWC/HWIO, the one-step program's in another layout,
+    and whether that is the pattern chapters/resnet/04-scan.md found, in words (``scan_was_slower``: what
+    the race measured here)."""
+    from fastjax.resnet.bench import convolutions
+
+    model, optimizer, xs, ys, *_ = training_problem(config, batch)
+    graphdef, treedef, leaves = R.floor_start(model, optimizer)
+    scan = convolutions(code.scanned_steps(graphdef, treedef).lower(leaves, xs, ys).compile().as_text())
+    step = convolutions(code.flat_step(graphdef, treedef).lower(leaves, xs[0], ys[0]).compile().as_text())
+    print("convolutions by place and layout:", {"lax.scan": scan, "one step": step})
+    in_loop_other = scan.get("in a loop, other layout", 0)
+    step_other = sum(n for k, n in step.items() if k.endswith("other layout"))
+    if not scan_was_slower:
+        why = "here the scan was at least as fast, so it can stay"
+    elif in_loop_other > 0 and step_other == 0:
+        why = "the pattern that chapter found, beside a scan that was the slower program here"
+    else:
+        why = ("not that pattern, although the scan was the slower program here: its time goes elsewhere on this "
+               "machine, and a profile of both programs (Part III) shows where")
+    return in_loop_other, step_other, why

@@ -491,6 +491,114 @@ def whole_process(repeats: tuple[int, ...] | None = None, rounds: int | None = N
     return {f"n={116 * r}": first_result.race(repeat=r, rounds=rounds, quick=quick) for r in repeats}
 
 
+def time_nnx_paths(data: Any, n_time: int, rounds: int) -> tuple[list[Timing], Timing]:
+    """Chapter 6's timings (chapters/pln/06-split-merge.md): each way to call rung 6's NNX train step from a
+    Python loop (``rungs_nnx.nnx_steppers``, and ``nnx.cached_partial`` where this Flax has it), each on a
+    fresh model, against one ``jax.jit`` step on plain arrays, in turns; per iteration. Returns the NNX
+    paths' timings (named "6 <path>") and the plain step's."""
+    import jax
+    import optax
+    from flax import nnx
+
+    from fastjax.pln.rungs_nnx import new_nnx, nnx_steppers, nnx_train_step
+
+    tx = pln.optimizer()
+
+    @jax.jit
+    def plain_step(params, opt_state, data):
+        value, grads = jax.value_and_grad(pln.loss)(params, data)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, -value
+
+    box = {"p": pln.start(data)}
+    box["s"] = tx.init(box["p"])
+
+    def plain() -> Any:
+        box["p"], box["s"], e = plain_step(box["p"], box["s"], data)
+        return e
+
+    calls = {f"6 {how}": (python_loop(step, n_time), n_time) for how, (step, _) in nnx_steppers(data).items()}
+    if hasattr(nnx, "cached_partial"):
+        cached = nnx.cached_partial(nnx.jit(nnx_train_step), *new_nnx(data))
+        calls["6 nnx.cached_partial"] = (python_loop(lambda: cached(data), n_time), n_time)
+    calls["jax.jit step on arrays"] = (python_loop(plain, n_time), n_time)
+    ts = interleaved(calls, rounds=rounds)
+    return ts[:-1], ts[-1]
+
+
+_FIRST_STEPS = """
+import json, sys
+import fastjax
+from fastjax import pln
+from fastjax.pln.rungs import EagerPln
+from fastjax.tools import timing
+model = EagerPln(pln.to_jax(pln.load_oaks_counts(int(sys.argv[1]))))
+first = timing.first_call_seconds(model.step)
+print(json.dumps({"first": first, "second": timing.first_call_seconds(model.step)}))
+"""
+
+
+def eager_first_steps(repeat: int, timeout: float = 600) -> dict[str, float]:
+    """Seconds of rung 1's first and second eager steps in a fresh Python process (where no operation is
+    compiled yet), on oaks stacked ``repeat`` times: ``{"first": ..., "second": ...}``
+    (chapters/pln/01-no-jit.md)."""
+    out = subprocess.run([sys.executable, "-c", _FIRST_STEPS, str(repeat)], capture_output=True, text=True,
+                         check=True, timeout=timeout)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# What chapters/pln/07-results.md prints and says of a :func:`race` result.
+
+def race_report(race_: dict[str, Any]) -> str:
+    """The race's figures as lines of text: threads, each side's iterations, seconds and ELBO, the fresh
+    process and Part I's fit, and every ratio (the ratio of medians, or "not measured")."""
+    r = race_
+    lines = [f"n = {r['n']:,}; medians of {r['repeats']} rounds; threads: " + "; ".join(f"{k}: {v}" for k, v in r["threads"].items())
+             + " (pyPLNmodels tried " + ", ".join(f"{k}: {v:.2f} s" for k, v in r["threads_tried"].items() if v) + ")",
+             f"pyPLNmodels: {r['pyplnmodels_iterations']} iterations in {r['pyplnmodels_seconds']:.3f} s, "
+             f"final ELBO {r['target_elbo']:,.2f}; within 0.05 % after {r['pyplnmodels_iters_to_target']} "
+             f"iterations, {r['pyplnmodels_seconds_to_target']:.3f} s",
+             f"JAX:         {r['jax_iterations']} iterations in {r['jax_seconds']:.3f} s "
+             f"+ compile {r['jax_compile_seconds']:.2f} s, final ELBO {r['jax_final_elbo']:,.2f}; "
+             f"within 0.05 % after {r['jax_iters_to_target']} iterations, {r['jax_seconds_to_target']:.3f} s",
+             f"JAX, fresh process, persistent cache warm: {r['jax_fresh_process_cached_seconds']:.3f} s to converge",
+             f"Part I's fit (the old floor): {r['jax_part1_seconds']:.3f} s to converge"]
+    lines += [f"speed-up, {key.replace('_', ' ')}: {x.text()}" for key, x in r["ratios"].items()]
+    return "\n".join(lines)
+
+
+def race_sentence(race_: dict[str, Any]) -> str:
+    """The race's answer in one sentence, or, where the witness saw a busy machine, the sentence that says
+    so (one witness for the whole race: its rounds ran together)."""
+    r = race_["ratios"]
+    if not all(v.measured for v in r.values()):
+        return next(v for v in r.values() if not v.measured).says("", otherwise="The race against pyPLNmodels")
+    return ("Against pyPLNmodels, with the same algorithm and the same stopping rule, the compiled JAX fit of Part VI "
+            f"converges {r['converge_compile_excluded'].value:.1f}× faster with compile time apart (Part I's own fit: "
+            f"{r['part1_converge_compile_excluded'].value:.1f}×), {r['converge_compile_included'].value:.2f}× with it "
+            f"included, and {r['converge_cache_warm'].value:.2f}× in a fresh process that finds the compiled program in "
+            "the persistent cache.")
+
+
+def race_timings(race_: dict[str, Any]) -> list[Timing]:
+    """The race's runs as timings for a chart, each with the load its witness read."""
+    runs, load, compile_s = race_["runs"], race_["loads"], race_["jax_compile_seconds"]
+    return [Timing("pyPLNmodels (torch)", runs["pyplnmodels_seconds"], load=load["pyPLNmodels"]),
+            Timing("Part I's fit, compiled", runs["jax_part1_seconds"], load=load["Part I's JAX"]),
+            Timing("Part VI's fit + compile", [s + compile_s for s in runs["jax_seconds"]], load=load["JAX"]),
+            Timing("Part VI's fit, fresh process, cache warm", [race_["jax_fresh_process_cached_seconds"]], load=load["JAX"]),
+            Timing("Part VI's fit, compiled", runs["jax_seconds"], load=load["JAX"])]
+
+
+def trend(over_scan: dict[int, dict[str, float]], rung: str, fmt: str) -> str:
+    """A rung's time over the scan's at two n (``over_scan``: n -> rung -> ratio), and which way it went
+    (10 %: beyond the spread of such runs)."""
+    small_n, large_n = sorted(over_scan)
+    a, b = over_scan[small_n][rung], over_scan[large_n][rung]
+    way = "fell" if b < a / 1.1 else "rose" if b > a * 1.1 else "changed by less than 10 %"
+    return f"{a:{fmt}}× at n = {small_n:,} and {b:{fmt}}× at n = {large_n:,} ({way})"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--whole", action="store_true",

@@ -158,6 +158,18 @@ def measure_sweep(widths: tuple[int, ...] | None = None, n_steps: int | None = N
             "return_seconds": returns, "result_seconds": results}
 
 
+def return_rows(sweep: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """From :func:`measure_sweep`: per width, each rung's time to return from a call and to its result
+    (ms, "return / result"), and per rung the median share of the time to result spent before returning."""
+    names = list(sweep["return_seconds"])
+    rows = [{"width": w, **{f"{n}: return / result (ms)": f"{sweep['return_seconds'][n][i] * 1e3:.3g} / "
+                            f"{sweep['result_seconds'][n][i] * 1e3:.3g}" for n in names}}
+            for i, w in enumerate(sweep["widths"])]
+    share = {n: float(np.median(np.array(sweep["return_seconds"][n]) / np.array(sweep["result_seconds"][n])))
+             for n in names}
+    return rows, share
+
+
 def round_trips(tree: Any, n: int) -> Callable[[], None]:
     """``n`` flatten+unflatten round trips of ``tree`` in one Python loop, returning nothing: timed
     as one call, the harness adds no per-trip work (no flatten of a result, no wait per leaf)."""

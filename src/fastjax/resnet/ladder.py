@@ -179,6 +179,29 @@ def assert_same_weights(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray],
     return worst
 
 
+# An NNX path that traces the floor's own step (R.train_step) around the same arrays runs the same float32
+# program: measured identical losses and weights at both sizes. The relative bound only absorbs a
+# recompilation; the absolute one is for weights near zero (BatchNorm biases start at 0).
+SAME_STEP_RTOL, SAME_STEP_ATOL = 1e-4, 1e-6
+
+
+def assert_same_step(losses: np.ndarray, weights: dict[str, np.ndarray], ref_losses: np.ndarray,
+                     ref_weights: dict[str, np.ndarray], what: str = "") -> None:
+    """Assert that a run of the floor's own traced step matches the floor's float32 run: losses within
+    ``SAME_STEP_RTOL``, every weight within ``SAME_STEP_RTOL`` and ``SAME_STEP_ATOL`` (an AssertionError)."""
+    _same_keys(weights, ref_weights, what)
+    np.testing.assert_allclose(losses, ref_losses, rtol=SAME_STEP_RTOL, err_msg=what)
+    for k in weights:
+        np.testing.assert_allclose(weights[k], ref_weights[k], rtol=SAME_STEP_RTOL, atol=SAME_STEP_ATOL,
+                                   err_msg=f"{what}: {k}")
+
+
+def weight_drift(ours: dict[str, np.ndarray], ref: dict[str, np.ndarray]) -> float:
+    """The largest absolute difference of the parameters (running statistics left out): a measurement of
+    how far two float32 trainings drift apart, not a check."""
+    return max(float(np.max(np.abs(ours[k] - ref[k]))) for k in ref if not k.endswith(BATCH_STATS))
+
+
 def to_float64(tree: Any) -> Any:
     """``tree`` with every floating-point array cast to float64 (the rest, such as Adam's integer step count, kept).
     Call it inside ``with jax.enable_x64(True):``; outside, JAX has no float64 and a RuntimeError says so."""

@@ -7,6 +7,7 @@ adds. Each is timed once per jitted call from Python and K times in one scan (pe
 scan's compiled program is kept so that its convolutions can be counted by place and layout
 (:func:`fastjax.resnet.bench.convolutions`). ``trace_runs`` and ``loop_against_scan`` read where the
 time of the network's steps goes, as calls and as one scan, from ``jax.profiler`` traces.
+``forward_against_train`` runs the same test on the network: its forward pass against its train step.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
+from flax import nnx
 
 from fastjax.resnet.bench import NHWC_LABELS, convolutions, trace_ops
 from fastjax.tools import profiling, timing
@@ -137,3 +140,63 @@ def loop_against_scan(ops: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
             "share_other_conv": 100 * conv_ms(ops["scan"], True) / totals["scan"],
             "copy_share": 100 * sum(r["total ms"] for r in ops["scan"] if r["op"] == "copy") / totals["scan"],
             "extra_ms": extra, "conv_extra_share": 100 * (all_conv["scan"] - all_conv["loop"]) / extra}
+
+
+def forward_step(graphdef: Any) -> Callable:
+    """``step(state, images, labels) -> (state, loss)``: the network's loss alone on the nnx.State of
+    (model, optimizer), BatchNorm statistics still updated, no gradient (jit it)."""
+    def step(state, images, labels):
+        model, optimizer = nnx.merge(graphdef, state)
+        loss = optax.softmax_cross_entropy_with_integer_labels(model(images), labels).mean()
+        return nnx.state((model, optimizer)), loss
+    return step
+
+
+def _carrying(executable: Any, state: Any, args: tuple) -> Callable[[], Any]:
+    box = [state]
+
+    def call():
+        box[0], loss = executable(box[0], *args)
+        return loss
+    return call
+
+
+def forward_against_train(graphdef: Any, state: Any, images: Any, labels: Any, k: int,
+                          train_loop: Callable[[], Any], train_scan: Callable[[], Any],
+                          repeats: int) -> tuple[dict[str, timing.Timing], str]:
+    """The forward pass compiled for one batch per call and as a rolled ``lax.scan`` over ``k`` batches,
+    timed in turns with the train step's two programs (``train_loop``, ``train_scan``: calls of the
+    compiled programs that carry their state, the scan's over ``k`` batches), per step. Returns the
+    timings by ``"forward | loop"``, ``"forward | scan"``, ``"train step | loop"``, ``"train step | scan"``
+    and the forward scan's compiled HLO text."""
+    fwd = forward_step(graphdef)
+    one = jax.jit(fwd).lower(state, images[0], labels[0]).compile()
+    scan = jax.jit(lambda s, a, b: jax.lax.scan(lambda c, xy: fwd(c, *xy), s, (a, b))).lower(
+        state, images[:k], labels[:k]).compile()
+    t = timing.time_interleaved({"forward | loop": _carrying(one, state, (images[0], labels[0])),
+                                 "forward | scan": _carrying(scan, state, (images[:k], labels[:k])),
+                                 "train step | loop": train_loop, "train step | scan": train_scan},
+                                repeats=repeats, per={"forward | scan": k, "train step | scan": k})
+    return t, scan.as_text()
+
+
+def scan_against_floor(programs: dict[str, Callable], state: Any, images: Any, labels: Any, k: int,
+                       floor_losses: np.ndarray) -> tuple[dict[str, float], float]:
+    """Run each compiled scan program (``programs``: name -> ``program(state, images[i:i+k], labels[i:i+k])
+    -> (state, losses)``) over all the batches from ``state``, ``k`` steps per call, and check its losses
+    against the floor's with ``ladder.assert_same_losses`` (a scan is another program: it rounds
+    differently, and Adam amplifies that; an AssertionError past ``LOSS_RTOL``). Returns each program's
+    largest relative difference from the floor, and the smallest relative change of the floor's loss from
+    one step to the next (what a scan that drops its state would have to hide in)."""
+    from fastjax.resnet import ladder
+
+    worst = {}
+    for name, program in programs.items():
+        carry, out = state, []
+        for i in range(0, len(images), k):
+            carry, loss = program(carry, images[i:i + k], labels[i:i + k])
+            out.append(loss)
+        losses = np.concatenate(out)
+        ladder.assert_same_losses(losses, floor_losses, name)
+        worst[name] = float(np.max(np.abs(losses / floor_losses - 1)))
+    return worst, float(np.min(np.abs(np.diff(floor_losses) / floor_losses[1:])))

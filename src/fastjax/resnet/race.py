@@ -745,6 +745,114 @@ def race_ratios(result: dict[str, Any]) -> dict[str, Ratio]:
     return out
 
 
+# The tables of chapters/resnet/08-pytorch.md, built from the race's results.
+
+def float32_drift(race_: dict[str, Contender], images: Any, labels: Any,
+                  at: tuple[int, ...] = (1, 2, 3, 5, 10, 20)) -> list[dict[str, Any]]:
+    """How far PyTorch eager's, PyTorch tuned's and the faster floor's float32 losses drift from Part II's
+    floor's when all train from the same weights on ``images``/``labels`` (one step per batch): one row per
+    step of ``at`` (1-based, at most ``len(images)``), the relative difference of each. A measurement."""
+    floor_losses = train_losses(race_["floor"], images, labels)
+    drift = {n: train_losses(race_[n], images, labels) for n in (TORCH_EAGER, TORCH_TUNED, FASTER_FLOOR)}
+    return [{"step": k, **{n: abs(v[k - 1] / floor_losses[k - 1] - 1) for n, v in drift.items()}} for k in at]
+
+
+def step_rows(step: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-step race (:func:`race_step`) as table rows, each contender against PyTorch eager."""
+    t = step["timings"]
+    return [{"contender": n, "threads": v.extra["threads"], "ms per step": v.median * 1e3, "q1": v.q1 * 1e3,
+             "q3": v.q3 * 1e3, "× PyTorch eager": timing.ratio(t[TORCH_EAGER], v).text("{:.2f}"),
+             "first call (s)": step["first_call"][n]} for n, v in t.items()]
+
+
+def run_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The training-run race (:func:`race_run`) as table rows, each contender against PyTorch eager."""
+    def x(n: str, key: str) -> str:
+        return run_ratio(run, n, key).text("{:.2f}") if key in run["contenders"][n] else ""
+    return [{"contender": n, "threads": r["threads"], "steps to target": run["steps_to_target"][n],
+             "s to target": r["to_target"]["median"] if r["to_target"] else float("nan"),
+             "compile (s)": r["compile_seconds"], f"s for {run['steps']} steps": r["run"]["median"],
+             "× eager, run": x(n, "x_eager_run"), "× eager, run, compile incl.": x(n, "x_eager_run_compile_included"),
+             "× eager, to target, compile incl.": x(n, "x_eager_to_target_compile_included")}
+            for n, r in run["contenders"].items()]
+
+
+def cached_run_ratio(run: dict[str, Any], timings: dict[str, Timing], fastest: str,
+                     cached: dict[str, float]) -> Ratio:
+    """PyTorch eager's training run (its compilation included) over ``fastest``'s with its compiled program
+    read from the persistent cache (``cached``: :func:`cached_first_call`), the median over rounds; "not
+    measured" where the run race's witness saw the machine busy."""
+    warm = max(cached["warm_cache_seconds"] - timings[fastest].median, 0.0)
+    fast, eager = run["contenders"][fastest], run["contenders"][TORCH_EAGER]
+    out = run_ratio(run, fastest)
+    out.value = float(np.median([(e + eager["compile_seconds"]) / (b + warm) for e, b in
+                                 zip(eager["run_seconds"], fast["run_seconds"])])) if out.measured else None
+    return out
+
+
+def answer(timings: dict[str, Timing], run: dict[str, Any], fastest_floor: str,
+           run_cached: Ratio) -> tuple[list[dict[str, Any]], str, str]:
+    """The page's answer: table rows of its ratios (the fastest JAX step against the fastest PyTorch
+    contender, PyTorch eager and the fastest ``torch.compile`` per step, against eager over the training
+    run with compilation, ``fastest_floor`` from the persistent cache (``run_cached``), ``nnx.jit``
+    against eager), and two sentences: the per-step answer and the rest, or, where any ratio is not
+    measured, the sentence that says why and a pointer to the tables."""
+    t = timings
+    best = min((n for n in RACE_JAX if n in t), key=lambda n: t[n].median)
+    compiled = [n for n in t if n.startswith("torch.compile")]
+    best_compile = min(compiled, key=lambda n: t[n].median) if compiled else None
+    best_torch = fastest_torch(t)
+    x_best_torch, x_best = timing.ratio(t[best_torch], t[best]), timing.ratio(t[TORCH_EAGER], t[best])
+    x_compile = timing.ratio(t[best_compile], t[best]) if compiled else None
+    x_run, x_nnx = run_ratio(run, best), timing.ratio(t[TORCH_EAGER], t["nnx.jit"])
+    x_tuned = timing.ratio(t[TORCH_EAGER], t[TORCH_TUNED])
+    rows = [(f"fastest JAX step ({best}) / the fastest PyTorch contender ({best_torch}), per step", x_best_torch),
+            ("fastest JAX step / PyTorch eager, per step", x_best),
+            *([(f"fastest JAX step / {best_compile}, per step", x_compile)] if compiled else []),
+            (f"fastest JAX step / PyTorch eager, {run['steps']}-step run, compile included", x_run),
+            (f"{fastest_floor} / PyTorch eager, {run['steps']}-step run, compiled program from the persistent cache",
+             run_cached),
+            ("nnx.jit / PyTorch eager, per step", x_nnx)]
+    rows = [{"ratio": name, "measured": r.text("{:.2f}"), "threads": ", ".join(f"{k}: {v}" for k, v in r.threads.items() if v)}
+            for name, r in rows]
+    published = [x_best_torch, x_best, x_tuned, x_run, run_cached, x_nnx, *([x_compile] if compiled else [])]
+    if not all(r.measured for r in published):  # one sentence that says why not
+        return rows, next(r for r in published if not r.measured).says(
+            "", otherwise="The race of the JAX steps against PyTorch"), "The tables on this page give the medians each side measured."
+    said_compile = x_compile.text("{:.2f}× torch.compile's") if compiled else "torch.compile races at the full size only"
+    per_step = (f"Against the fastest PyTorch contender, {best_torch}, the fastest JAX step ({best}) runs at "
+                f"{x_best_torch.value:.2f}× its speed per step.")
+    rest = (f"PyTorch tuned alone runs at {x_tuned.value:.2f}× PyTorch eager's speed. Against the twin as first "
+            f"written the fastest JAX step runs at {x_best.value:.2f}× PyTorch eager's speed per step "
+            f"({said_compile}), and at {x_run.value:.2f}× eager's over the training run with its "
+            f"compilation counted ({run_cached.value:.2f}× with the compiled program read from the persistent "
+            f"cache); nnx.jit runs at {x_nnx.value:.2f}× eager's speed per step.")
+    return rows, per_step, rest
+
+
+def sweep_said(sweep: dict[str, Any]) -> str:
+    """Of a :func:`race_sweep`: Part II's floor against PyTorch eager at the sweep's two ends, in one sentence,
+    or the sentence that says which end was not measured."""
+    ends = [(sweep["ratios"]["floor"][i], sweep["widths"][i]) for i in (0, -1)]
+    busy = [r.says("", otherwise=f"The race at width {w}") for r, w in ends if not r.measured]
+    if busy:
+        return busy[0]
+    return ("The floor runs at {:.2f}× PyTorch eager's speed at width {} and {:.2f}× at width {}."
+            .format(ends[0][0].value, ends[0][1], ends[1][0].value, ends[1][1]))
+
+
+def profile_rows(prof_torch: dict[str, float], prof_jax: dict[str, dict[str, float]],
+                 timings: dict[str, Timing]) -> list[dict[str, Any]]:
+    """One row per kind of work (ms per step) of :func:`profile_torch`'s and :func:`profile_jax`'s
+    profiles side by side, and a last row with each side's step timed without a profiler (``timings``)."""
+    kinds = list(dict.fromkeys([*prof_torch, *[k for p in prof_jax.values() for k in p]]))
+    rows = [{"ms per step": k, TORCH_EAGER: prof_torch.get(k, float("nan")),
+             **{n: p.get(k, float("nan")) for n, p in prof_jax.items()}} for k in kinds]
+    rows.append({"ms per step": "step, timed without a profiler (race above)", TORCH_EAGER: timings[TORCH_EAGER].median * 1e3,
+                 **{n: timings[n].median * 1e3 for n in prof_jax}})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
     import sys

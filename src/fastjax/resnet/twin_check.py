@@ -258,3 +258,12 @@ def check_same_training(ours: Float64Run, ref: Float64Run, config: ResNetConfig,
         gap, scale, allowed, _ = max(rows, key=lambda r: r[0] / (r[2] * r[1]) if r[2] * r[1] > 0 else 0.0)
         out[kind] = (float(gap / scale), float(allowed))
     return out
+
+
+def check_rows(same: dict[str, tuple[float, float]], what: str = "float64, PyTorch twin against the floor") -> list[dict]:
+    """:func:`check_same_training`'s result as table rows: each kind's largest difference, what rounding
+    allows, and how many times below the bound it is."""
+    how = {"logits": "relative to the largest logit", "first gradient": "relative to each array's norm"}
+    return [{what: kind, "measured": how.get(kind, f"absolute, after {CHECK_STEPS} steps"), "largest difference": gap,
+             "rounding allows": allowed, "× below the bound": allowed / max(gap, np.finfo(np.float64).tiny)}
+            for kind, (gap, allowed) in same.items()]
