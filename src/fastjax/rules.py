@@ -110,3 +110,52 @@ def gains(results: dict, saved: dict) -> dict[str, str]:
         "pyplnmodels": _against_pyplnmodels(pln),
         "pytorch": _against_pytorch(saved),
     }
+
+
+# ----------------------------------------------------------------------------- the dashboards' tables
+
+
+def floors_table(results: dict) -> tuple[list[dict], list[str]]:
+    """Each ladder's old floor beside the new one of Part VI (rows), and a note for each ladder saved
+    without a new floor."""
+    rows, notes = [], []
+    for title, res in (("Part I: PLN, per iteration", results["pln"]), ("Part II: ResNet, per train step", results["resnet"])):
+        if res.get("floor_fast") is None:
+            notes.append(f"{title}: no new floor in this measurement (saved before Part VI)")
+            continue
+        old, new = res["floor"], res["floor_fast"]
+        rows.append({"part": title, "old floor": old.name, "old (ms)": 1e3 * old.median,
+                     "new floor": new.name, "new (ms)": 1e3 * new.median, "speed-up": old.median / new.median})
+    return rows, notes
+
+
+def pyplnmodels_race_text(pln: dict) -> str:
+    """Part I's race against pyPLNmodels with both JAX fits, in one line (each ratio 'not measured' where
+    the race's witness saw a busy machine)."""
+    race = pln.get("race")
+    if race is None or "ratios" not in race:
+        return "no race with both JAX fits in this measurement"
+    r = race["ratios"]
+    return (f"n = {race['n']:,}: pyPLNmodels {race['pyplnmodels_seconds']:.3f} s to converge; "
+            f"Part I's fit {race['jax_part1_seconds']:.3f} s ({r['part1_converge_compile_excluded'].text()}), "
+            f"Part VI's fit {race['jax_seconds']:.3f} s ({r['converge_compile_excluded'].text()}), compile apart; "
+            f"medians of {race['repeats']} rounds; threads: " + "; ".join(f"{k}: {v}" for k, v in race["threads"].items()))
+
+
+def whole_process_table(whole: dict) -> list[dict]:
+    """The whole-process race of chapters/floor/04-first-result.md (as saved), one row per process."""
+    rows = []
+    for res in whole.values():
+        for name, r in res["contenders"].items():
+            rows.append({"n": f"{res['n']:,}", "process": name, "threads": r.get("threads", ""),
+                         "wall (s), median": f"{r['wall']:.2f}", "peak (MiB)": f"{r['peak_mib']:.0f}",
+                         "pyPLNmodels' ÷ this": r["speedup_ratio"].text() if "speedup_ratio" in r else "",
+                         "this ÷ bare JAX": f"{r['over_jax_floor']:.2f}×" if "over_jax_floor" in r else ""})
+    return rows
+
+
+def torch_table(timings: dict, eager: str) -> list[dict]:
+    """The race against PyTorch (as saved): per train step, each way against PyTorch eager (``eager``)."""
+    return [{"per train step": n, "threads": v.extra.get("threads", ""), "ms": 1e3 * v.median,
+             "q1": 1e3 * v.q1, "q3": 1e3 * v.q3, "× PyTorch eager": timing.ratio(timings[eager], v).text("{:.2f}")}
+            for n, v in timings.items()]

@@ -90,3 +90,28 @@ def plan(label: str, catalogue: list, ran: dict) -> dict:
     return {"rows": rows, "capstone_slot": int(capstone_row["minutes planned"]),
             "capstone_home": int(capstone_row["goes home, min"]), "count": len(planned),
             "home": ", ".join(e.name for e in catalogue if e.name not in planned) or "none"}
+
+
+def counts(catalogue: list, ran: dict) -> dict:
+    """The figures of the page's first sentence: exercises in all, in the practice pages and their parts,
+    solutions measured, our minutes in all and the capstone's, and the machine's minutes (solutions and
+    self-checks, as recorded)."""
+    capstone_part = {e.name: e.part for e in catalogue}["capstone"]
+    parts = sorted({e.part for e in catalogue if e.part != capstone_part}, key=[e.part for e in catalogue].index)
+    return {"n_exercises": len(catalogue), "n_in_parts": len([e for e in catalogue if e.part in parts]),
+            "n_parts": len(parts), "n_measured": len([e for e in catalogue if "solution" in ran.get(e.name, {})]),
+            "total_minutes": sum(e.minutes for e in catalogue),
+            "capstone_minutes": int({e.name: e.minutes for e in catalogue}["capstone"]),
+            "machine_minutes": sum(sum(ran.get(e.name, {}).values()) for e in catalogue) / 60}
+
+
+def catalogue_rows(catalogue: list, ran: dict) -> list[dict]:
+    """One row per exercise: part, skill, our minutes, and the seconds its solution and self-check took
+    as recorded (a dash where none was)."""
+    def seconds(name, what):
+        value = ran.get(name, {}).get(what)
+        return "—" if value is None else round(value, 1)
+
+    return [{"exercise": e.name, "part": e.part, "skill": e.skill, "minutes (our estimate)": e.minutes,
+             "solution, s (measured)": seconds(e.name, "solution"), "self-check, s (measured)": seconds(e.name, "check")}
+            for e in catalogue]
