@@ -71,6 +71,13 @@ def held_bytes(stats: dict[str, int | None]) -> int:
     return stats["argument"] + stats["output"] - stats["alias"] + stats["temp"]
 
 
+def footprint(compiled: Any) -> int:
+    """Inputs + outputs + XLA's scratch (temp) of a compiled program, in bytes: all it holds at most, donation
+    aside (XLA:CPU's own ``peak`` figure leaves the scratch of loops out, so it is not used here)."""
+    st = memory_stats(compiled)
+    return st["argument"] + st["output"] + st["temp"]
+
+
 def memory_table(programs: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, dict[str, int | None]]]:
     """One row per compiled program (kB: argument, output, alias, temp, held), and each one's ``memory_stats``."""
     stats = {name: memory_stats(c) for name, c in programs.items()}

@@ -246,3 +246,24 @@ def plot_histogram(values: Sequence[float], marks: Mapping[str, float], xlabel: 
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def plot_ladders_over_floor(ladders: Mapping[str, Mapping], caption: str | None = None) -> plt.Figure:
+    """Several ladders side by side, each rung as its median over its ladder's floor (log scale), so that
+    ladders of different units share one scale (the Results page: Part I and Part II)."""
+    fig, axes = plt.subplots(1, len(ladders), figsize=(5.5 * len(ladders), 3.8), squeeze=False)
+    for ax, (title, res) in zip(axes[0], ladders.items()):
+        names = [t.name for t in res["rungs"]]
+        ratios = np.array([t.median / res["floor"].median for t in res["rungs"]])
+        y = np.arange(len(names))[::-1]
+        ax.barh(y, ratios, color="#4c72b0")
+        ax.axvline(1.0, color="#c44e52", linestyle="--", label="floor")
+        ax.set_yticks(y, names)
+        ax.set_xscale("log")
+        ax.set_xlabel("× floor (log scale)")
+        ax.set_title(title)
+        ax.legend(loc="lower right", fontsize=8)
+    if caption:
+        fig.text(0.01, -0.02, caption, fontsize=7, color="0.35", ha="left", va="top")
+    fig.tight_layout()
+    return fig

@@ -606,6 +606,21 @@ def stamp() -> dict[str, Any]:
     }
 
 
+BUILT_WITH = ("jax", "jaxlib", "flax", "equinox", "optax", "numpy", "pyPLNmodels", "torch", "scikit-learn",
+              "jupyter-book")
+
+
+def built_with() -> str:
+    """A Markdown table of what this page runs with: the device, Python, each package of ``BUILT_WITH``
+    ('| jax | 0.x |', or 'not installed'), the CPU workaround, the size and the time (the landing page)."""
+    s = stamp()
+    rows = ["| | |", "|---|---|", f"| device | {s['device']} ({s['device_count']}) |", f"| Python | {s['python']} |"]
+    rows += [f"| {package} | {_version(package) or 'not installed'} |" for package in BUILT_WITH]
+    rows += [f"| CPU miscompile workaround | {'on' if s['cpu_workaround'] else 'off'} |",
+             f"| size | {s['size']} |", f"| executed | {s['utc']} UTC |"]
+    return "\n".join(rows)
+
+
 def stamp_text(s: dict[str, Any] | None = None) -> str:
     """The stamp as one line, for captions and table footers."""
     s = stamp() if s is None else s
