@@ -231,3 +231,34 @@ def test_no_page_is_longer_than_a_reader_can_hold():
 def test_the_book_does_not_grow_back():
     total = sum(chapter_lines().values())
     assert total <= max(BOOK_LINES, BOOK_LINES_NOW), f"{total} lines of chapter source; at most {max(BOOK_LINES, BOOK_LINES_NOW)}"
+
+
+# ----------------------------------------------------------------------------- the first screen
+
+FIRST_SCREEN = 45  # lines of source after the jupytext header: about what a reader sees before scrolling
+
+
+def first_screen(text: str) -> str:
+    lines = text.splitlines()
+    start = lines.index("---", 1) + 1 if lines and lines[0] == "---" else 0
+    return "\n".join(lines[start:start + FIRST_SCREEN])
+
+
+def lacks_a_lesson_screen(text: str) -> list[str]:
+    """What a page's first screen lacks of its lesson: a recipe to copy (a code block or cell) and a measured
+    answer (a value glued from a cell)."""
+    screen = first_screen(text)
+    return ([] if "```" in screen else ["a recipe (code)"]) + ([] if "{glue" in screen else ["a glued measured answer"])
+
+
+def test_the_first_screen_finder_sees_what_is_missing():
+    header = "---\njupytext: {}\n---\n"
+    assert lacks_a_lesson_screen(header + "# T\n\nText.\n") == ["a recipe (code)", "a glued measured answer"]
+    assert lacks_a_lesson_screen(header + "# T\n\n```python\nf()\n```\n\nIt ran {glue:text}`x:.1f`× faster.\n") == []
+    assert lacks_a_lesson_screen(header + "# T\n" + "\n" * 60 + "```python\nf()\n```\n{glue:text}`x`\n") != []
+
+
+@pytest.mark.parametrize("page", [p for p in toc_files() if p != "chapters/index"])
+def test_every_page_leads_with_its_recipe_and_its_measured_answer(page):
+    missing = lacks_a_lesson_screen((ROOT / f"{page}.md").read_text())
+    assert missing == [], f"{page}: its first {FIRST_SCREEN} lines lack {' and '.join(missing)}"
