@@ -15,7 +15,6 @@ import numpy as np
 from fastjax import pln
 from fastjax.exercises import Exercise, pln_code, register, same_arrays, tools_code as code, unseen
 from fastjax.exercises.pln import same_fit, small_data
-from fastjax.tools import profiling, timing
 
 PAGE = "chapters/tools/05-practice"
 TALL_REPEAT = 20  # tools-1: the small problem's rows stacked 20 times (2,320 × 10): the hat matrix is 2,320²
@@ -58,30 +57,6 @@ def _same_value_and_gradients(got: Any, want: Any) -> None:
     for i, (g, w) in enumerate(zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1]))):
         same_arrays(g, w, rtol=0.0, atol=1e-5 * float(np.max(np.abs(np.asarray(w)))),
                     what=f"the gradient with respect to {'MS'[i]}")
-
-
-def hot_operations(compiled: Any, params: Any, data: Any, top: int = 4) -> tuple[str, float, float]:
-    """The page's profile of tools-1's starting program, ``compiled`` (its value_and_grad), in one traced call
-    on ``(params, data)``: a table of the ``top`` slowest HLO instructions with the array types each makes and
-    reads; the share of the traced time of the operations that make or read an n × n array (the hat matrix);
-    and that of the LAPACK solves (custom calls) that touch a d × n array ((XᵀX)⁻¹Xᵀ, a column per sample)."""
-    rows = profiling.traced_ops(compiled, params, data)
-    types = profiling.array_types(compiled.as_text())  # name -> (result type, its operands' types)
-    touches = {r["op name"]: [t[0], *t[1]] for r in rows for t in [types.get(r["op name"], ("?", []))]}
-    table = timing.format_table([{"instruction": r["op name"], "op": r["op"], "result": touches[r["op name"]][0],
-                                  "reads": " ".join(touches[r["op name"]][1:]), "ms": r["total ms"],
-                                  "share": r["share"]} for r in rows[:top]])
-    n, d = data.covariates.shape
-    big = sum(r["share"] for r in rows if any(t.endswith(f"[{n},{n}]") for t in touches[r["op name"]]))
-    solves = sum(r["share"] for r in rows if r["op"] == "custom-call"
-                 and any(t.endswith(f"[{d},{n}]") for t in touches[r["op name"]]))
-    return table, big, solves
-
-
-def factor_and_word(ratio: float, above: str = "faster", below: str = "slower") -> tuple[float, str]:
-    """A measured ratio (the starting program's time over the new one's) as the page's prose says it: a
-    factor of at least 1, and ``above`` when the ratio is at least 1, else ``below``."""
-    return (float(ratio), above) if ratio >= 1 else (float(1 / ratio), below)
 
 
 register(Exercise(
