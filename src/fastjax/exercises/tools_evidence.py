@@ -1,10 +1,13 @@
 """The measurements of Part III's practice page (chapters/tools/05-practice.md): for each exercise, its starting
 program against its solution, as the page's hidden "measurements" cells run them. Each function takes the page's
 programs, checks that they compute the same thing (raising AssertionError when they do not), prints its tables,
-and returns the figures the page glues, by glue name."""
+and returns the figures the page glues, by glue name; the seconds it took are recorded as the exercise's
+"solution" time (``exercises.record``, for the workshop page)."""
 
 from __future__ import annotations
 
+import functools
+import time
 from typing import Any, Callable, Sequence
 
 import jax
@@ -17,6 +20,19 @@ from fastjax.tools import memory, profiling, timing
 # tools-2: the criterion path, lax.scan against the unrolled loop, float32: the same operations rolled or unrolled,
 # measured identical bits; room for another compiler's rounding (the criterion is a difference of normalized ELBOs)
 CRITERION_PATH_RTOL = 1e-6
+
+
+def _recorded(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Record the seconds each call of the decorated measurement takes as exercise ``name``'s "solution" time."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            exercises.record(name, "solution", time.perf_counter() - start)
+            return out
+        return run
+    return wrap
 
 
 def factor_and_word(ratio: float, above: str = "faster", below: str = "slower") -> tuple[float, str]:
@@ -43,6 +59,7 @@ def hot_operations(compiled: Any, params: Any, data: Any, top: int = 4) -> tuple
     return table, big, solves
 
 
+@_recorded("tools-1")
 def hat_matrix(start: Callable[..., Any], solution: Callable[..., Any], data: pln.PlnData, runs: int) -> dict:
     """tools-1: the profile of ``value_and_grad(start)`` (the hat-matrix loss), its value and gradients against
     the ``solution``'s (tools-1's check, its bounds), and the two timed in turns."""
@@ -66,6 +83,7 @@ def hat_matrix(start: Callable[..., Any], solution: Callable[..., Any], data: pl
     return dict(t1_share=100 * big, t1_solve_share=100 * wide_solve, t1_speedup=speedup, t1_word=word, t1_n=n_rows)
 
 
+@_recorded("tools-2")
 def compile_growth(unrolled: Callable[..., Any], scan_all: Callable[..., Any], scan_path: Callable[..., Any],
                    elbos: Any, counts: Sequence[int]) -> dict:
     """tools-2: the trace and compile time of the ``unrolled`` criterion loop at each count, and of the scan
@@ -84,6 +102,7 @@ def compile_growth(unrolled: Callable[..., Any], scan_all: Callable[..., Any], s
                 t2_scan_s=scan_s)
 
 
+@_recorded("tools-3")
 def donation(write_row: Callable[..., Any], record_row: Callable[..., Any], record_in_place: Callable[..., Any],
              fill_history: Callable[..., Any], rows: list, shape: tuple, runs: int) -> dict:
     """tools-3: the memory analysis of ``write_row`` jitted with and without donation (the donated program
@@ -114,6 +133,7 @@ def donation(write_row: Callable[..., Any], record_row: Callable[..., Any], reco
                 t3_donated_us=race["donated"].median_us, t3_speedup=speedup, t3_word=word)
 
 
+@_recorded("tools-4")
 def callback_cost(fit_logged: Callable[..., Any], fit_on_device: Callable[..., Any], data: pln.PlnData,
                   n_iter: int, runs: int) -> dict:
     """tools-4: the fit that calls back to Python at every iteration against the one that keeps its ELBOs on
