@@ -156,17 +156,21 @@ def profile_iteration(data: pln.PlnData | None = None) -> list[Timing]:
                         "whole step + criterion (while_loop)": (lambda: until(*args), nt)}, cfg.repeats + 2)
 
 
+def pyplnmodels() -> Any:
+    """The ``pyPLNmodels`` module, imported without the deprecation warning of the pkg_resources it imports."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+        import pyPLNmodels
+    return pyPLNmodels
+
+
 def fit_pyplnmodels(data: pln.PlnData, dtype: str = "float32", maxiter: int = pln.MAXITER,
                     tol: float = pln.TOL) -> tuple[Any, float, np.ndarray, np.ndarray]:
     """``pyPLNmodels.Pln(...).fit()`` quietly, in float32 (its own) or float64 (its tensors cast, the
     offsets taken at full precision): (model, seconds, ELBO before each update, cumulative seconds)."""
     import torch
 
-    with warnings.catch_warnings():  # pyPLNmodels imports pkg_resources, which announces its own deprecation
-        warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
-        from pyPLNmodels import Pln
-
-    model = Pln(np.asarray(data.counts), offsets=np.asarray(data.offsets), exog=np.asarray(data.covariates),
+    model = pyplnmodels().Pln(np.asarray(data.counts), offsets=np.asarray(data.offsets), exog=np.asarray(data.covariates),
                 add_const=False)
     seconds, elbos = fit_quietly(model, data, dtype, maxiter, tol)
     return model, seconds, elbos, np.asarray(model._time_recorder.running_times)

@@ -76,9 +76,11 @@ class JitPln:
 
 
 # ---------------------------------------------------------------- chapters/pln/03-scan.md
+import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from fastjax import pln
@@ -99,11 +101,6 @@ def scan_fit(params: tuple[Any, Any], data: pln.PlnData, n_iter: int) -> tuple[t
 
 
 scan_fit_jit = jax.jit(scan_fit, static_argnames="n_iter")   # n_iter fixes the loop length: static
-
-import functools
-
-import jax.numpy as jnp
-
 
 @functools.partial(jax.jit, static_argnames=("maxiter", "loss", "optimizer"))
 def fit_until_converged(params: tuple[Any, Any], data: pln.PlnData, tol: Any, target: Any,

@@ -48,10 +48,7 @@ class EqxBlock(eqx.Module):
     def __call__(self, x, state):
         y, state = self.bn1(self.conv1(x), state)
         y, state = self.bn2(self.conv2(jax.nn.relu(y)), state)
-        if self.proj is None:
-            short = x
-        else:
-            short, state = self.proj_bn(self.proj(x), state)
+        short, state = (x, state) if self.proj is None else self.proj_bn(self.proj(x), state)
         return jax.nn.relu(y + short), state
 
 
