@@ -33,6 +33,12 @@ def show(t: dict[str, timing.Timing]) -> None:
     print(timing.stamp_text())
 
 
+def factor_and_word(ratio: float, above: str = "faster", below: str = "slower") -> tuple[float, str]:
+    """A measured ratio (the starting program's time over the new one's) as the page's prose says it: a
+    factor of at least 1, and ``above`` when the ratio is at least 1, else ``below``."""
+    return (float(ratio), above) if ratio >= 1 else (float(1 / ratio), below)
+
+
 def pace(old: float, new: float) -> str:
     """A time ``new`` against a time ``old`` (seconds) in words made from their ratio, whichever way it goes:
     "ran 2.31× as fast as" or "took 1.15× the time of" (one decimal from 10× on)."""

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastjax import exercises, pln
+from fastjax.exercises.racing import factor_and_word
 from fastjax.tools import memory, profiling, timing
 
 # tools-2: the criterion path, lax.scan against the unrolled loop, float32: the same operations rolled or unrolled,
@@ -33,12 +34,6 @@ def _recorded(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
             return out
         return run
     return wrap
-
-
-def factor_and_word(ratio: float, above: str = "faster", below: str = "slower") -> tuple[float, str]:
-    """A measured ratio (the starting program's time over the new one's) as the page's prose says it: a
-    factor of at least 1, and ``above`` when the ratio is at least 1, else ``below``."""
-    return (float(ratio), above) if ratio >= 1 else (float(1 / ratio), below)
 
 
 def hot_operations(compiled: Any, params: Any, data: Any, top: int = 4) -> tuple[str, float, float]:
