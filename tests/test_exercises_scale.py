@@ -107,6 +107,22 @@ SCRIPT = textwrap.dedent('''
     }
     for name, answer in RETRACING.items():
         record(f"{name} slow", ex.check(name, answer, repeats=1))
+
+    # ---- scale-4's witness, the data placed per device: the start, a copy placed by hand, a split by hand
+    record("scale-4 start slow", ex.check("scale-4", code.fit_copied, repeats=1))
+    from jax.sharding import NamedSharding
+
+    def fit_copied_by_hand(mesh, covariates, counts):  # every row on every device, with jax.device_put itself
+        everywhere = NamedSharding(mesh, jax.P())
+        x, y = jax.device_put((jnp.asarray(covariates), jnp.asarray(counts)), everywhere)
+        return code.all_steps(jax.device_put(jnp.zeros((x.shape[1], y.shape[1]), jnp.float32), everywhere), x, y)
+    record("scale-4 copied by hand", ex.check("scale-4", fit_copied_by_hand, repeats=1))
+
+    def fit_split_by_hand(mesh, covariates, counts):  # right, written another way: each array its own sharding
+        rows, everywhere = NamedSharding(mesh, jax.P("samples")), NamedSharding(mesh, jax.P())
+        x, y = jax.device_put((covariates, counts), (rows, rows))
+        return code.all_steps(jax.device_put(np.zeros((x.shape[1], y.shape[1]), np.float32), everywhere), x, y)
+    record("scale-4 split by hand", ex.check("scale-4", fit_split_by_hand, repeats=1))
     print("RESULT " + json.dumps(out))
 ''')
 
@@ -182,6 +198,19 @@ def test_the_loop_over_cells_is_slow_by_far(results):
 def test_an_answer_that_compiles_on_every_call_is_slow(results, name):
     report = results[f"{name} slow"]
     assert report["right"] and report["retraces"] and report["slow"], report["text"]
+
+
+@pytest.mark.parametrize("name", ["scale-4 start slow", "scale-4 copied by hand"])
+def test_scale_4_data_copied_to_every_device_is_named_by_what_each_device_holds(results, name):
+    report = results[name]
+    assert report["right"] and report["slow"] and not report["retraces"], report["text"]
+    assert "MiB of data placed on one device" in report["text"] and "repeats the same arithmetic" in report["text"]
+
+
+def test_scale_4_data_split_by_hand_passes(results):
+    report = results["scale-4 split by hand"]
+    assert report["right"] and not report["slow"], report["text"]
+    assert "0.25 MiB of data placed on one device" in report["text"], report["text"]
 
 
 def test_a_check_works_with_the_devices_this_process_has():

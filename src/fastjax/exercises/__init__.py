@@ -19,7 +19,9 @@ counted), and the reads of a device value by Python (``float()``, ``np.asarray``
 counted where JAX's array hands its value to Python, see ``_HostReads``; ``jax.transfer_guard`` does not
 fire on a CPU, whose arrays already live in host memory). The others are read off a profiler trace of one
 more call (``jax.profiler.trace``, see ``_trace_counts``): the programs it dispatched, the XLA loops they
-ran, the Python function calls made, and the convolutions, all-gathers or copies run. An answer that counts
+ran, the Python function calls made, and the convolutions, all-gathers or copies run. Two more: the scratch
+memory of the answer's one program (XLA's memory analysis), and the most data ``jax.device_put`` placed on
+one device during the call (``_Placed``). An answer that counts
 more compiles or host reads than the reference, or ``TRACE_FACTOR`` times a traced count, is slow, whatever
 the clock says, and the verdict names what was counted and gives the hint written for it.
 
@@ -90,7 +92,8 @@ COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # recorded by JAX 
 # trace of one call (``jax.profiler.trace``; see ``_trace_counts``).
 TRACE_WITNESSES = ("programs", "loops", "python calls", "convolutions", "all-gathers", "copies", "triangular solves")
 # ...and one read off XLA's memory analysis of the exercise's one program compiled whole (``Exercise.program``)
-WITNESSES = ("compiles", "host reads", *TRACE_WITNESSES, "scratch")
+# ...and one counted where ``jax.device_put`` places arrays during the call: the most bytes one device receives
+WITNESSES = ("compiles", "host reads", *TRACE_WITNESSES, "scratch", "data per device")
 # A count read off the trace is too high when it is at least this many times the reference's (and above it):
 # the answers that miss a lesson count 2x to 500x the reference's (a loop of one program per step, a walk over
 # the objects per step, a second pass), while a right answer written another way may add a few programs of its
@@ -141,8 +144,9 @@ class Exercise:
     # False where the answer is itself a measurement (a timer, as on the Method page): its result is
     # checked against the reference's, and it is not raced (a timer's own speed is not the point)
     timed: bool = True
-    # Where the trace witnesses cannot show the lesson on some machines: "" where they can, else why not,
-    # in words (Part IV's all-gather needs more than one device); then they are not counted, and time decides
+    # Where the trace witnesses (and the data per device) cannot show the lesson on some machines: "" where they
+    # can, else why not, in words (Part IV's all-gather needs more than one device); then they are not counted,
+    # and time decides
     trace_applies: Callable[[], str] | None = None
     # The function whose one program holds the lesson, given the answer (tools-1: the answer's jitted
     # value_and_grad): compiled whole for the run's arguments, its scratch memory is the witness "scratch"
@@ -363,6 +367,55 @@ class _HostReads:
                 setattr(np, name, fn)
 
 
+class _Placed:
+    """The bytes ``jax.device_put`` places on each device while ``counting()`` is open (``jax.device_put`` is
+    wrapped for the duration): for an array put with a sharding, its shard's bytes on each device of the
+    sharding; put on a device (or the default one), its whole bytes there. It is how this book places data
+    (``sharding.shard_rows``, ``sharding.replicate``); data placed another way is not counted."""
+
+    per_device: dict[Any, int] = {}
+
+    @classmethod
+    def _add(cls, target: Any, tree: Any) -> None:
+        for leaf in jax.tree.leaves(tree):
+            shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+            if shape is None or dtype is None:
+                continue
+            itemsize = np.dtype(dtype).itemsize
+            if isinstance(target, jax.sharding.Sharding):
+                shard = math.prod(target.shard_shape(tuple(shape))) * itemsize
+                for device in target.device_set:
+                    cls.per_device[device] = cls.per_device.get(device, 0) + shard
+            else:  # a device, or None (the default device)
+                device = target if target is not None else jax.devices()[0]
+                cls.per_device[device] = cls.per_device.get(device, 0) + math.prod(shape) * itemsize
+
+    @classmethod
+    @contextlib.contextmanager
+    def counting(cls) -> Any:
+        original = jax.device_put
+        cls.per_device = {}
+
+        def placing(x: Any, device: Any = None, *args: Any, **kwargs: Any) -> Any:
+            try:  # a target per subtree of x (one target for all of it, most often)
+                jax.tree.map(cls._add, device, x,
+                             is_leaf=lambda t: t is None or isinstance(t, (jax.sharding.Sharding, jax.Device)))
+            except (ValueError, TypeError):  # targets of a structure we do not read: not counted
+                pass
+            return original(x, device, *args, **kwargs)
+
+        jax.device_put = placing
+        try:
+            yield
+        finally:
+            jax.device_put = original
+
+    @classmethod
+    def most(cls) -> int:
+        """The bytes placed on the device that received the most."""
+        return max(cls.per_device.values(), default=0)
+
+
 @dataclass(frozen=True)
 class Structure:
     """What one call of a program did, counted (not timed): compilations of its own programs (their
@@ -422,8 +475,10 @@ def _trace_counts(call: Callable[[], Any]) -> dict[str, int]:
     """Run ``call()`` (and wait for its result) inside ``jax.profiler.trace``, and count in the trace:
 
     - ``programs``: the compiled programs dispatched, one ``PjitFunction(...)`` event per jitted call (JAX's
-      C++ dispatcher records one, or two nested, per call; a call's nested events are counted once), eager
-      operations (``x + 1`` outside jit) included, since each is a program too;
+      C++ dispatcher records one, or two nested of the same name, per call: those count once), eager
+      operations (``x + 1`` outside jit) included, since each is a program too, and so are the programs a
+      call dispatches inside its own event (the eager operations of a pytree's ``tree_unflatten`` run when
+      the call rebuilds its outputs);
     - ``loops``, ``convolutions``, ``all-gathers``, ``copies``: the events of those HLO instructions as they
       ran (XLA:CPU records one per instruction run: a ``while`` loop once each time it starts, not per
       iteration; a loop nested in another once per iteration of the outer one);
@@ -453,14 +508,17 @@ def _trace_counts(call: Callable[[], Any]) -> dict[str, int]:
             return {}
     counts = dict.fromkeys(TRACE_WITNESSES, 0)
     seen = set()  # the kinds of event the trace holds: "programs", "python calls", "ops"
-    open_until: dict[str, float] = {}  # per thread: the end of the jitted call under way
+    open_calls: dict[str, list] = {}  # per thread: the jitted calls under way, (name, end), innermost last
     for e in events:  # ordered by start
         name = e["name"]
         if name.startswith("PjitFunction("):
             seen.add("programs")
-            if e["ts"] >= open_until.get(e["thread"], -1.0):
+            stack = open_calls.setdefault(e["thread"], [])
+            while stack and stack[-1][1] <= e["ts"]:
+                stack.pop()
+            if not (stack and stack[-1][0] == name):  # not the dispatcher's second record of the same call
                 counts["programs"] += 1
-                open_until[e["thread"]] = e["ts"] + e["dur"]
+            stack.append((name, e["ts"] + e["dur"]))
         elif name.startswith("$"):
             seen.add("python calls")
             counts["python calls"] += 1
@@ -507,8 +565,9 @@ def structure(name: str, answer: Callable[..., Any], warm: bool = True) -> Struc
             timing.block(exercise.run(answer, exercise.arguments()))
         args = exercise.arguments()
         own, names = _Compiles.own, len(_Compiles.own_names)
+        placed = "data per device" in exercise.witness and not (exercise.trace_applies and exercise.trace_applies())
         try:
-            with _HostReads.counting():
+            with _HostReads.counting(), (_Placed.counting() if placed else contextlib.nullcontext()):
                 reads = _HostReads.count
                 out = call(answer, args)
                 reads = _HostReads.count - reads
@@ -524,7 +583,7 @@ def structure(name: str, answer: Callable[..., Any], warm: bool = True) -> Struc
             continue
         timing.block(out)
         compiles, compiled = _Compiles.own - own, tuple(_Compiles.own_names[names:])  # before any other call
-        traced: dict[str, int] = {}
+        traced: dict[str, int] = {"data per device": _Placed.most()} if placed else {}
         if set(exercise.witness) & set(TRACE_WITNESSES) and not (exercise.trace_applies and exercise.trace_applies()):
             args = timing.block(exercise.arguments())
             traced = _trace_counts(lambda: exercise.run(answer, args))
@@ -579,6 +638,10 @@ WITNESS_WORDS = {  # witness -> (what was counted, given the count; why it matte
     "scratch": (lambda n: f"{n / 2**20:.1f} MiB of scratch memory in the compiled program (XLA's memory analysis)",
                 "an intermediate far larger than the inputs and the result is the hot operation's footprint: "
                 "computing it costs as much as it weighs"),
+    "data per device": (lambda n: f"{n / 2**20:.2f} MiB of data placed on one device (jax.device_put: "
+                                  "sharding.shard_rows, sharding.replicate)",
+                        "a device that holds every row computes the whole fit on its own, so each device repeats "
+                        "the same arithmetic; rows split over k devices give each a k-th of it"),
 }
 _NOISE_SHOWN = False  # the note that the machine is busy is shown once per session
 _NO_TRACE = "a profiler trace of a call shows none on this device, or none could be taken"
@@ -586,7 +649,9 @@ _NO_TRACE = "a profiler trace of a call shows none on this device, or none could
 
 def _short(witness: str, n: int) -> str:
     """A count of ``witness`` as the reference's side of a line: a number, or MiB for the scratch memory."""
-    return f"{n / 2**20:.1f} MiB" if witness == "scratch" else str(n)
+    if witness in ("scratch", "data per device"):
+        return f"{n / 2**20:.{1 if witness == 'scratch' else 2}f} MiB"
+    return str(n)
 
 
 def timing_cell(name: str) -> str:

@@ -86,6 +86,15 @@ def _several_devices() -> str:
             "program. Part IV's pages run on 8 simulated devices (sharding.use_cpu_devices(8), before JAX starts)")
 
 
+def _four_devices() -> str:
+    """Empty where the mesh has four devices or more; else why the data per device cannot show the lesson."""
+    if mesh().size >= 4:
+        return ""
+    return (f"on {mesh().size} device(s) a copy of the data weighs at most twice a device's share, too close "
+            "to tell from a right answer's other arrays. Part IV's pages run on 8 simulated devices "
+            "(sharding.use_cpu_devices(8), before JAX starts)")
+
+
 def _in_mesh(answer: Callable[..., Any], args: tuple) -> Any:
     m, x = args
     with jax.set_mesh(m):
@@ -154,4 +163,6 @@ register(Exercise(
     wrong_hint="the same fit as scale-3: only where the data lives changes",
     slow_hint="sharding.shard_rows puts each device's cells on it; sharding.replicate gives every device "
               "every cell, and XLA then computes the whole gradient on each",
+    # the copied data is every row on every device (8x a share on 8 devices); counted where it is placed
+    witness=("data per device",), trace_applies=_four_devices,
 ))
