@@ -5,9 +5,9 @@ or a program larger than the free memory, before it runs), 1 the fit or the writ
 interrupted (Ctrl-C: one line, within a step of ``run.interruptible``).
 
 What the output says: each member's stop (by the tolerance, or at ``--maxiter``; ``--json``'s ``converged``
-list, with ``n`` and ``p`` of the table read; with ``--ranks ... --converge``, each member's stop by
-``fits.converge_member``'s rule and its ``converge_iterations``), and the columns by the input's names, in its order, with the
-columns dropped for holding only zeros (also in ``--out``: ``columns``, ``dropped``)."""
+list, with ``n`` and ``p`` of the table read; with ``--converge``, each member's stop by
+``fits.lbfgs_until_flat``'s rule and its ``converge_iterations``), and the columns by the input's names, in its
+order, with the columns dropped for holding only zeros (also in ``--out``: ``columns``, ``dropped``)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from fastjax.pln.fit.fits import (BootstrapResult, RanksResult, fit, fit_bootstr
                                   prepare_ranks)
 from fastjax.pln.fit.options import (LEVEL, check_bootstrap, check_maxiter, check_out, check_seed, check_tol,
                                      parse_ranks)
-from fastjax.pln.fit.output import _print_bootstrap, _print_ranks, write_bootstrap, write_ranks, write_result
+from fastjax.pln.fit.output import _print_bootstrap, _print_fit, _print_ranks, write_bootstrap, write_ranks, write_result
 from fastjax.pln.fit.run import NotEnoughMemory
 from fastjax.pln.fit.tables import read_input
 
@@ -51,8 +51,9 @@ def parser() -> argparse.ArgumentParser:
                    help="fit a PLN-PCA of each rank (1-10, 2,4,6 or 3) as one program: ELBO, BIC and ICL per rank, "
                         "and the rank each criterion chooses")
     p.add_argument("--converge", action="store_true",
-                   help="with --ranks: then fit each rank on to its optimum (float64, L-BFGS on the same ELBO) "
-                        "instead of stopping where pyPLNmodels' rule or --maxiter leaves it")
+                   help="then fit on to the optimum (float64, L-BFGS on the same ELBO) instead of stopping where "
+                        "pyPLNmodels' rule or --maxiter leaves the fit (each rank of --ranks, each refit of "
+                        "--bootstrap)")
     p.add_argument("--bootstrap", metavar="B",
                    help=f"refit on B samples of the rows drawn with replacement, as one program: {100 * LEVEL:g} %% "
                         "percentile intervals of the coefficients")
@@ -139,9 +140,6 @@ def _main(argv: list[str] | None) -> int:
         n_boot = check_bootstrap(args.bootstrap) if args.bootstrap is not None else None
         if ranks is not None and n_boot is not None:
             raise ValueError("--ranks and --bootstrap are two different fits: give one of them")
-        if args.converge and ranks is None:
-            raise ValueError("--converge goes with --ranks: it fits each PLN-PCA member on to its optimum (the "
-                             "PLN fit and the bootstrap's refits stop by pyPLNmodels' rule or --maxiter)")
         if args.seed is not None and n_boot is None:
             raise ValueError("--seed is the seed of --bootstrap's samples: give it with --bootstrap B")
         seed = check_seed(args.seed) if args.seed is not None else 0
@@ -170,9 +168,9 @@ def _main(argv: list[str] | None) -> int:
             if collection is not None:
                 result: Any = fit_ranks(data, collection, args.maxiter, args.tol, converge=args.converge, **options)
             elif boot is not None:
-                result = fit_bootstrap(data, boot, args.maxiter, args.tol, **options)
+                result = fit_bootstrap(data, boot, args.maxiter, args.tol, converge=args.converge, **options)
             else:
-                result = fit(data, args.maxiter, args.tol, **options)
+                result = fit(data, args.maxiter, args.tol, converge=args.converge, **options)
     except (FloatingPointError, ValueError) as err:
         _say(caught, "warning")
         return _fail(f"the fit failed: {err}", 1)
@@ -202,10 +200,12 @@ def _main(argv: list[str] | None) -> int:
         write = write_ranks
     elif isinstance(result, BootstrapResult):
         if args.json:
+            converge = {} if result.converge_iterations is None else dict(
+                converge_iterations=result.converge_iterations.tolist())
             print(json.dumps(dict(refits=int(result.coefs.shape[0]), seed=result.seed, level=result.level,
                                   B=result.coef.tolist(), low=_finite(result.low), high=_finite(result.high),
                                   iterations=result.iterations.tolist(),
-                                  converged=(result.iterations < args.maxiter).tolist(),
+                                  converged=result.converged(args.maxiter).tolist(), **converge,
                                   empty_columns=[given.kept[j] for j in np.flatnonzero(result.empty.any(axis=0))],
                                   program=result.program, stages=stages, **shape)))
         else:
@@ -213,13 +213,13 @@ def _main(argv: list[str] | None) -> int:
         write = write_bootstrap
     else:
         if args.json:
-            print(json.dumps(dict(elbo=result.elbo, iterations=len(result.elbos),
-                                  converged=[bool(abs(result.criterion) < args.tol)], program=result.program,
+            k = result.converge_iterations
+            converge = {} if k is None else dict(converge_iterations=k)
+            print(json.dumps(dict(elbo=result.elbo, iterations=len(result.elbos) - (k or 0),
+                                  converged=[bool(result.converged(args.tol))], **converge, program=result.program,
                                   stages=stages, **shape)))
         else:
-            stop = "criterion below tol" if abs(result.criterion) < args.tol else f"maxiter {args.maxiter} reached"
-            print(f"PLN fit of {n} samples × {p} counts, {d} covariate(s): ELBO {result.elbo:.6g} after "
-                  f"{len(result.elbos)} iterations ({stop}); program {result.program}; fit {result.seconds['fit']:.3f} s")
+            _print_fit(result, data, args.maxiter, args.tol)
         write = write_result
     if args.out:
         try:

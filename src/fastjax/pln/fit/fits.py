@@ -18,6 +18,10 @@ Their programs are cached as the fit's is, under keys that also name the program
 (``cache_what``'s ``program``) and hash Part IV's sources (``MANY_SOURCES``); a loaded one must give every
 member's first ELBO as NumPy's float64 does (``check_first_pca_elbos``, ``check_first_bootstrap_elbos``).
 The samples' seed is an input, not part of the program: another seed reuses the program.
+
+``--converge`` (any of the three): then every member fitted on from where it stopped, in float64, by L-BFGS
+until its ELBO stops gaining (``lbfgs_until_flat``), one more cached program (``converge_program``,
+``converge_fit_program``, ``converge_bootstrap_program``) whose first ELBOs must be NumPy's float64 ones.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from fastjax import pln
 from fastjax.pln.fit.cache import cache_what
 from fastjax.pln.fit.options import LEVEL, check_maxiter, check_tol, ranks_text
 from fastjax.pln.fit.run import (Program, _float32, _import_jax, _member, check_first_bootstrap_elbos,
-                                 check_first_converge_elbos, check_first_elbo, check_first_pca_elbos, checked_elbos,
+                                 check_first_converge_elbos, check_first_converge_fit_elbo, check_first_elbo, check_first_pca_elbos, checked_elbos,
                                  run_program)
 
 
@@ -71,20 +75,29 @@ class FitResult(NamedTuple):
     criterion: float
     program: str
     seconds: dict[str, float]
+    converge_iterations: int | None = None  # --converge: L-BFGS's iterations after Rprop's (their ELBOs follow)
 
     @property
     def elbo(self) -> float:
         """The last ELBO."""
         return float(self.elbos[-1])
 
+    def converged(self, tol: float) -> bool:
+        """Whether the fit stopped by its rule: pyPLNmodels' tolerance, or with ``--converge``, L-BFGS's before
+        ``CONVERGE_MAXITER``."""
+        if self.converge_iterations is not None:
+            return self.converge_iterations < CONVERGE_MAXITER
+        return abs(self.criterion) < tol
+
 
 
 def fit(data: pln.PlnData, maxiter: int = pln.MAXITER, tol: float = pln.TOL, cache: str | os.PathLike | None = None,
-        progress: bool = False, compile_options: dict[str, Any] | None = None) -> FitResult:
+        progress: bool = False, compile_options: dict[str, Any] | None = None, converge: bool = False) -> FitResult:
     """Fit ``data`` (NumPy ``PlnData``, e.g. from ``read_data``) with ``fit_program``, compiled once per
     shape (with XLA's ``compile_options``, e.g. ``QUICK_COMPILE``): loaded from ``cache`` (a folder; None:
     no cache) when this command saved it there before (module docstring: the checks). Problems with the
-    cache are warnings (UserWarning, one line each); FloatingPointError when the fit fails."""
+    cache are warnings (UserWarning, one line each); FloatingPointError when the fit fails. ``converge``:
+    then fit on from where it stopped, in float64 (``converge_fit_program``, cached as the others are)."""
     maxiter, tol = check_maxiter(maxiter), check_tol(tol)
     seconds, t0 = _import_jax()
     n, p, _ = data.shape
@@ -95,9 +108,21 @@ def fit(data: pln.PlnData, maxiter: int = pln.MAXITER, tol: float = pln.TOL, cac
     ((m, s), elbos, crit), program = run_program(prog, maxiter, cache, progress, compile_options, seconds, t0)
     elbos = checked_elbos(elbos, crit)
     m, s = np.asarray(m, np.float64), np.asarray(s, np.float64)
+    k = None
+    if converge:
+        data64, more, t0 = _float64_data(data), {}, time.perf_counter()
+        prog = Program(converge_fit_program, ((m, s), data64), _converge_what(data, compile_options, kind="converge fit"),
+                       "convergence", f"compiling the convergence of the fit for {n}×{p} counts (once per shape)",
+                       first=lambda out: check_first_converge_fit_elbo(np.asarray(out[1])[0], m, s, data64),
+                       valid=lambda out: checked_elbos(out[1], pln.Criterion(out[2], 0.0, 0.0, 0.0, 0.0), "--converge: "))
+        ((m, s), more_elbos, k), where = run_float64(prog, cache, progress, compile_options, more, t0)
+        m, s, k = np.asarray(m, np.float64), np.asarray(s, np.float64), int(k)
+        elbos = np.concatenate([np.asarray(elbos, np.float64), np.asarray(more_elbos)[:k]])
+        program = f"{program}; convergence {where}"
+        seconds.update(converge_program=more["program"], converge=more["fit"])
     x = np.asarray(data.covariates, np.float64)
     return FitResult(m, s, pln.closed_form_coef(x, m, np), pln.closed_form_covariance(x, m, s, np),
-                     elbos, float(crit.value), program, seconds)
+                     elbos, float(crit.value), program, seconds, k)
 
 
 def collection_program(params: Any, data_and_masks: Any, tol: Any, target: Any, maxiter: int = pln.MAXITER) -> Any:
@@ -107,7 +132,8 @@ def collection_program(params: Any, data_and_masks: Any, tol: Any, target: Any, 
     return many.fit_collection(params, data_and_masks, tol, target, maxiter=maxiter)
 
 
-def bootstrap_program(samples: pln.PlnData, tol: Any, target: Any, maxiter: int = pln.MAXITER) -> Any:
+def bootstrap_program(samples: pln.PlnData, tol: Any, target: Any, maxiter: int = pln.MAXITER,
+                      keep_params: bool = False) -> Any:
     """The bootstrap as one program: each sample refitted by Part VI's fit (``fastjax.pln.floor.fit_fast``: the
     hand-written gradient), one sample after another inside the program (``lax.map``), with its coefficients
     in closed form: outputs of the same kind as Part IV's ``fastjax.pln.many.bootstrap`` (the float32 numbers
@@ -115,14 +141,16 @@ def bootstrap_program(samples: pln.PlnData, tol: Any, target: Any, maxiter: int 
 
     Why not ``jax.vmap`` over the samples, as chapters/many/02 teaches: on XLA:CPU, measured on oaks at 8 and 64
     members, the batched fit cost more per refit than one fit at a time, and its memory grew with every member.
-    Member by member, memory holds one refit's working set besides the samples and the outputs."""
+    Member by member, memory holds one refit's working set besides the samples and the outputs.
+    ``keep_params``: each member's ``(M, S)`` is a fourth output (``--converge`` fits on from there)."""
     import jax
 
     from fastjax.pln import floor as F
 
     def refit(sample: pln.PlnData) -> Any:
         params, elbos, crit = F.fit_fast(pln.start(sample), sample, tol, target, maxiter=maxiter)
-        return pln.closed_form_coef(sample.covariates, params[0]), elbos, crit
+        out = pln.closed_form_coef(sample.covariates, params[0]), elbos, crit
+        return (*out, params) if keep_params else out
 
     return jax.lax.map(refit, samples)
 
@@ -157,19 +185,14 @@ CONVERGE_RTOL = 1e-7  # iterations (on oaks, ranks 1-10 from the start: within 6
 CONVERGE_MAXITER = 50_000  # --converge: the iterations of one member at most (oaks' slowest rank needed about 19,000)
 
 
-def converge_member(params: Any, data_and_mask: Any, maxiter: int = CONVERGE_MAXITER) -> Any:
-    """One PLN-PCA member fitted on from ``params`` (in float64) by L-BFGS (``optax.lbfgs``, its zoom line
-    search) on the same ELBO, until the ELBO gained less than ``CONVERGE_RTOL`` of itself over the last
-    ``CONVERGE_WINDOW`` iterations, or ``maxiter`` iterations: ``(params, ELBO of each iteration (NaN past the
-    stop), iterations)``. The masked columns of a padded member have a gradient of 0, so L-BFGS leaves them."""
+def lbfgs_until_flat(loss: Any, params: Any, maxiter: int = CONVERGE_MAXITER) -> Any:
+    """``params`` fitted on (in their precision: float64 for ``--converge``) by L-BFGS (``optax.lbfgs``, its zoom
+    line search) on ``loss`` (the negative ELBO), until the ELBO gained less than ``CONVERGE_RTOL`` of itself
+    over the last ``CONVERGE_WINDOW`` iterations, or ``maxiter`` iterations: ``(params, ELBO of each iteration
+    (NaN past the stop), iterations)``."""
     import jax
     import jax.numpy as jnp
     import optax
-
-    from fastjax.pln import collection as col
-
-    def loss(p: Any) -> Any:
-        return col.pca_loss(p, data_and_mask)
 
     opt = optax.lbfgs()
     value_and_grad = optax.value_and_grad_from_state(loss)
@@ -185,9 +208,62 @@ def converge_member(params: Any, data_and_mask: Any, maxiter: int = CONVERGE_MAX
         updates, state = opt.update(grad, state, p, value=value, grad=grad, value_fn=loss)
         return optax.apply_updates(p, updates), state, k + 1, elbos.at[k].set(-value)
 
-    elbos = jnp.full((maxiter,), jnp.nan, params.m.dtype)
+    elbos = jnp.full((maxiter,), jnp.nan, jax.tree.leaves(params)[0].dtype)
     params, _, k, elbos = jax.lax.while_loop(running, body, (params, opt.init(params), jnp.int32(0), elbos))
     return params, elbos, k
+
+
+def converge_member(params: Any, data_and_mask: Any, maxiter: int = CONVERGE_MAXITER) -> Any:
+    """One PLN-PCA member fitted on from ``params`` by ``lbfgs_until_flat`` on its ELBO. The masked columns of a
+    padded member have a gradient of 0, so L-BFGS leaves them."""
+    from fastjax.pln import collection as col
+
+    return lbfgs_until_flat(lambda p: col.pca_loss(p, data_and_mask), params, maxiter)
+
+
+def converge_fit_program(params: Any, data: pln.PlnData, maxiter: int = CONVERGE_MAXITER) -> Any:
+    """``--converge`` with the PLN fit: ``(M, S)`` fitted on from ``params`` by ``lbfgs_until_flat`` on the
+    profiled ELBO (Part VI's hand gradient, ``floor.loss_by_hand``), in float64 (under ``jax_enable_x64``)."""
+    from fastjax.pln import floor as F
+
+    return lbfgs_until_flat(lambda p: F.loss_by_hand(p, data), params, maxiter)
+
+
+def converge_bootstrap_program(params: Any, samples: pln.PlnData, maxiter: int = CONVERGE_MAXITER) -> Any:
+    """``--converge`` with ``--bootstrap``: each member's ``(M, S)`` fitted on by ``converge_fit_program``, one
+    after another (``lax.map``): its coefficients in closed form, its ELBO before and after, its iterations."""
+    import jax
+
+    def member(ps: Any) -> Any:
+        p, sample = ps
+        (m, _), elbos, k = converge_fit_program(p, sample, maxiter)
+        return pln.closed_form_coef(sample.covariates, m), elbos[0], elbos[k - 1], k
+
+    return jax.lax.map(member, (params, samples))
+
+
+def _float64_data(data: pln.PlnData) -> pln.PlnData:
+    return pln.PlnData(*(np.asarray(a, np.float64) for a in data[:3]), np.asarray(data.log_factorial, np.float64))
+
+
+def run_float64(prog: Program, cache: str | os.PathLike | None, progress: bool,
+                compile_options: dict[str, Any] | None, seconds: dict[str, float], t0: float) -> tuple[Any, str]:
+    """``run_program`` of a ``--converge`` program, with ``maxiter`` ``CONVERGE_MAXITER``, under JAX's
+    process-wide float64 flag (``interruptible`` traces and runs the program in a worker thread, where
+    ``jax.enable_x64()`` does not reach), set back as it was after."""
+    import jax
+
+    previous = bool(jax.config.jax_enable_x64)
+    jax.config.update("jax_enable_x64", True)
+    try:
+        return run_program(prog, CONVERGE_MAXITER, cache, progress, compile_options, seconds, t0)
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
+def _converge_what(data: pln.PlnData, compile_options: dict[str, Any] | None, **program: Any) -> dict[str, Any]:
+    return cache_what(data.shape, CONVERGE_MAXITER, compile_options,
+                      dict(program, dtype="float64", window=CONVERGE_WINDOW, rtol=CONVERGE_RTOL))
 
 
 def converge_program(params: Any, data_and_masks: Any, maxiter: int = CONVERGE_MAXITER) -> Any:
@@ -301,17 +377,13 @@ def converge_ranks(data: pln.PlnData, result: RanksResult, cache: str | os.PathL
     those parameters. The result holds the members where they ended: their ELBO (NumPy's float64 at their
     parameters), BIC and ICL, and ``converge_iterations`` (each member's L-BFGS iterations; below
     ``CONVERGE_MAXITER``: stopped by the rule)."""
-    import jax
-
     from fastjax.pln import collection as col
 
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     n, p, _ = data.shape
     ranks, masks = result.ranks, np.asarray(result.masks, np.float64)
-    data64 = pln.PlnData(*(np.asarray(a, np.float64) for a in data[:3]), np.float64(data.log_factorial))
-    program = dict(kind="converge", members=len(ranks), q_max=int(masks.shape[1]), dtype="float64",
-                   window=CONVERGE_WINDOW, rtol=CONVERGE_RTOL)
+    data64 = _float64_data(data)
 
     def first(out: Any) -> None:
         check_first_converge_elbos(out[1], result.params, masks, data64)
@@ -321,16 +393,11 @@ def converge_ranks(data: pln.PlnData, result: RanksResult, cache: str | os.PathL
             checked_elbos(np.asarray(out[1])[i], pln.Criterion(np.asarray(out[2])[i], 0.0, 0.0, 0.0, 0.0),
                           f"rank {q} (--converge): ")
 
-    previous = bool(jax.config.jax_enable_x64)  # the process-wide flag: `interruptible` traces and runs the
-    jax.config.update("jax_enable_x64", True)  # program in a worker thread, where jax.enable_x64() does not reach
-    try:
-        prog = Program(converge_program, (result.params, (data64, masks)),
-                       cache_what(data.shape, CONVERGE_MAXITER, compile_options, program), "convergence",
-                       f"compiling the convergence of ranks {ranks_text(ranks)} for {n}×{p} counts (once per shape)",
-                       first=first, valid=valid)
-        (params, _, count), where = run_program(prog, CONVERGE_MAXITER, cache, progress, compile_options, seconds, t0)
-    finally:
-        jax.config.update("jax_enable_x64", previous)
+    prog = Program(converge_program, (result.params, (data64, masks)),
+                   _converge_what(data, compile_options, kind="converge", members=len(ranks), q_max=int(masks.shape[1])),
+                   "convergence", f"compiling the convergence of ranks {ranks_text(ranks)} for {n}×{p} counts (once per "
+                   "shape)", first=first, valid=valid)
+    (params, _, count), where = run_float64(prog, cache, progress, compile_options, seconds, t0)
     params = col.PcaParams(*(np.asarray(a, np.float64) for a in params))
     elbo = np.array([float(col.pca_elbo(col.PcaParams(*(a[i] for a in params)), data64, masks[i], np))
                      for i in range(len(ranks))])
@@ -357,32 +424,47 @@ class BootstrapResult(NamedTuple):
     program: str
     seconds: dict[str, float]
     empty: np.ndarray  # (n_boot, p): the refit's rows hold only zeros in that column (its coefficients NaN)
+    converge_iterations: np.ndarray | None = None  # --converge: each member's L-BFGS iterations after Rprop's
+
+    def converged(self, maxiter: int) -> np.ndarray:
+        """Which members (all the rows first) stopped by their rule: pyPLNmodels' tolerance before ``maxiter``,
+        or with ``--converge``, L-BFGS's before ``CONVERGE_MAXITER``."""
+        if self.converge_iterations is not None:
+            return np.asarray(self.converge_iterations) < CONVERGE_MAXITER
+        return np.asarray(self.iterations) < maxiter
 
 
 def fit_bootstrap(data: pln.PlnData, boot: Bootstrap, maxiter: int = pln.MAXITER, tol: float = pln.TOL,
                   cache: str | os.PathLike | None = None, progress: bool = False,
-                  compile_options: dict[str, Any] | None = None, level: float = LEVEL) -> BootstrapResult:
+                  compile_options: dict[str, Any] | None = None, level: float = LEVEL,
+                  converge: bool = False) -> BootstrapResult:
     """Refit ``boot``'s samples (``prepare_bootstrap``: all the rows, then the drawn ones) as one program
     (``bootstrap_program``), in float32, cached as ``fit`` caches its program; the percentile interval at
-    ``level`` of each coefficient from the drawn samples' refits."""
+    ``level`` of each coefficient from the drawn samples' refits. ``converge``: every member then fitted on
+    from where it stopped, in float64 (``converge_bootstrap_program``), and the intervals taken from there."""
+    import functools
+
     from fastjax.pln import collection as col
 
     maxiter, tol = check_maxiter(maxiter), check_tol(tol)
     seconds, t0 = _import_jax()
     n, p, _ = data.shape
     members = int(np.shape(boot.samples.counts)[0])
-    program = dict(kind="bootstrap", members=members)
+    program = dict(kind="bootstrap", members=members, **({"params": True} if converge else {}))
 
     def valid(out: Any) -> None:
         for b in range(members):
             checked_elbos(np.asarray(out[1])[b], _member(out[2], b), "the fit of all rows: " if b == 0 else f"refit {b}: ")
 
-    prog = Program(bootstrap_program, (_float32(boot.samples), np.float32(tol), np.float32(np.inf)),
+    function = functools.partial(bootstrap_program, keep_params=True) if converge else bootstrap_program
+    prog = Program(function, (_float32(boot.samples), np.float32(tol), np.float32(np.inf)),
                    cache_what(data.shape, maxiter, compile_options, program), "bootstrap",
                    f"compiling the bootstrap of {members - 1} refits for {n}×{p} counts (once per shape)",
                    first=lambda out: check_first_bootstrap_elbos(out[1], boot.samples), valid=valid)
-    (coefs, _, crit), where = run_program(prog, maxiter, cache, progress, compile_options, seconds, t0)
-    coefs = np.asarray(coefs, np.float64)
+    (coefs, _, crit, *params), where = run_program(prog, maxiter, cache, progress, compile_options, seconds, t0)
+    coefs, k = np.asarray(coefs, np.float64), None
+    if converge:
+        coefs, k, where = _converge_bootstrap(data, boot, params[0], where, cache, progress, compile_options, seconds)
     refits, empty = coefs[1:].copy(), np.asarray(boot.samples.counts)[1:].sum(axis=1) == 0  # (B, p)
     low, high = col.percentile_interval(refits, level)
     # A refit whose rows hold only zeros in a column has no finite coefficients there (its fit runs to −∞
@@ -392,5 +474,41 @@ def fit_bootstrap(data: pln.PlnData, boot: Bootstrap, maxiter: int = pln.MAXITER
     unbounded = empty.any(axis=0)
     low[:, unbounded], high[:, unbounded] = -np.inf, np.inf
     return BootstrapResult(coefs[0], refits, low, high, level, boot.rows, boot.seed, np.asarray(crit.count),
-                           where, seconds, empty)
+                           where, seconds, empty, k)
+
+
+def _converge_bootstrap(data: pln.PlnData, boot: Bootstrap, params: Any, where: str, cache: str | os.PathLike | None,
+                        progress: bool, compile_options: dict[str, Any] | None, seconds: dict[str, float]) -> tuple:
+    """``--converge`` with ``--bootstrap``: every member fitted on from ``params`` (where its float32 refit
+    stopped) by ``converge_bootstrap_program``, its first ELBO checked against NumPy's float64 one there:
+    ``(coefficients, each member's L-BFGS iterations, where the programs came from)``."""
+    n, p, _ = data.shape
+    m32, s32 = params
+    samples64, more, t0 = _float64_data(boot.samples), {}, time.perf_counter()
+    members = int(np.shape(samples64.counts)[0])
+    params64 = (np.asarray(m32, np.float64), np.asarray(s32, np.float64))
+
+    def sample(b: int) -> pln.PlnData:
+        return pln.PlnData(*(a[b] for a in samples64[:3]), float(samples64.log_factorial[b]))
+
+    def first(out: Any) -> None:
+        for b in range(members):
+            check_first_converge_fit_elbo(np.asarray(out[1])[b], params64[0][b], params64[1][b], sample(b),
+                                          "the fit of all rows" if b == 0 else f"refit {b}")
+
+    def valid(out: Any) -> None:
+        last = np.asarray(out[2])
+        bad = np.flatnonzero(~np.isfinite(last) | (last >= 0))
+        if bad.size:
+            b = int(bad[0])
+            raise FloatingPointError(f"{'the fit of all rows' if b == 0 else f'refit {b}'} (--converge): its ELBO "
+                                     f"reached {last[b]:.6g}; fit with pyPLNmodels in float64")
+
+    prog = Program(converge_bootstrap_program, (params64, samples64),
+                   _converge_what(data, compile_options, kind="converge bootstrap", members=members), "convergence",
+                   f"compiling the convergence of the bootstrap's {members - 1} refits for {n}×{p} counts (once per "
+                   "shape)", first=first, valid=valid)
+    (coefs, _, _, k), more_where = run_float64(prog, cache, progress, compile_options, more, t0)
+    seconds.update(converge_program=more["program"], converge=more["fit"])
+    return np.asarray(coefs, np.float64), np.asarray(k), f"{where}; convergence {more_where}"
 

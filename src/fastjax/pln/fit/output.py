@@ -48,7 +48,8 @@ def write_npz(out: str | os.PathLike, **arrays: Any) -> None:
 
 def write_result(result: FitResult, out: str | os.PathLike, **names: Any) -> None:
     """Write ``result``'s ``M``, ``S``, ``B``, ``Sigma`` and ELBOs to ``out`` (``write_npz``). Raises OSError."""
-    write_npz(out, M=result.m, S=result.s, B=result.coef, Sigma=result.covariance, elbos=result.elbos, **names)
+    more = {} if result.converge_iterations is None else dict(converge_iterations=result.converge_iterations)
+    write_npz(out, M=result.m, S=result.s, B=result.coef, Sigma=result.covariance, elbos=result.elbos, **more, **names)
 
 
 def write_ranks(result: RanksResult, out: str | os.PathLike, **names: Any) -> None:
@@ -68,13 +69,36 @@ def write_ranks(result: RanksResult, out: str | os.PathLike, **names: Any) -> No
 def write_bootstrap(result: BootstrapResult, out: str | os.PathLike, **names: Any) -> None:
     """Write the coefficients of all rows (``B``), their interval (``low``, ``high``, at ``level``), every
     refit's coefficients (``coefs``), the drawn rows (``rows``), the ``seed`` and each member's
-    ``iterations`` (all the rows first) to ``out`` (``write_npz``). Raises OSError."""
+    ``iterations`` (all the rows first; with ``--converge``, ``converge_iterations`` too) to ``out``
+    (``write_npz``). Raises OSError."""
+    more = {} if result.converge_iterations is None else dict(converge_iterations=result.converge_iterations)
     write_npz(out, B=result.coef, low=result.low, high=result.high, level=result.level, coefs=result.coefs,
-              rows=result.rows, seed=result.seed, iterations=result.iterations, empty=result.empty, **names)
+              rows=result.rows, seed=result.seed, iterations=result.iterations, empty=result.empty, **more, **names)
 
 
 def _covariate_names(d: int, intercept: bool) -> list[str]:
     return [("intercept" if intercept and k == 0 else f"covariate {k - intercept}") for k in range(d)]
+
+
+def _converge_line(seconds: dict[str, float], what: str) -> str:
+    return (f"--converge: then L-BFGS, in float64, took {what} on until its ELBO gained less than "
+            f"{CONVERGE_RTOL:g} of itself over {CONVERGE_WINDOW} iterations (at most {CONVERGE_MAXITER:,}); "
+            f"{seconds['converge']:.3f} s")
+
+
+def _print_fit(result: FitResult, data: pln.PlnData, maxiter: int, tol: float) -> None:
+    n, p, d = data.shape
+    k = result.converge_iterations
+    its = len(result.elbos) - (k or 0)
+    if k is None:
+        stop = "criterion below tol" if result.converged(tol) else f"maxiter {maxiter} reached"
+    else:
+        its = f"{its}+{k}"
+        stop = "converged" if result.converged(tol) else f"at {CONVERGE_MAXITER:,} L-BFGS iterations, still gaining"
+    print(f"PLN fit of {n} samples × {p} counts, {d} covariate(s): ELBO {result.elbo:.6g} after "
+          f"{its} iterations ({stop}); program {result.program}; fit {result.seconds['fit']:.3f} s")
+    if k is not None:
+        print(_converge_line(result.seconds, "the fit"))
 
 
 def _print_ranks(result: RanksResult, data: pln.PlnData, maxiter: int) -> None:
@@ -83,9 +107,7 @@ def _print_ranks(result: RanksResult, data: pln.PlnData, maxiter: int) -> None:
           f"program {result.program}; fit {result.seconds['fit']:.3f} s")
     more = result.converge_iterations is not None
     if more:
-        print(f"--converge: then each rank fitted on in float64 by L-BFGS until its ELBO gained less than "
-              f"{CONVERGE_RTOL:g} of itself over {CONVERGE_WINDOW} iterations (at most {CONVERGE_MAXITER:,}); "
-              f"{result.seconds['converge']:.3f} s")
+        print(_converge_line(result.seconds, "each rank"))
     print(f"{'rank':>5} {'ELBO':>14} {'BIC':>14} {'ICL':>14} {'iterations':>10}  stopped")
     converged = result.converged(maxiter)
     for i, q in enumerate(result.ranks):
@@ -99,15 +121,15 @@ def _print_ranks(result: RanksResult, data: pln.PlnData, maxiter: int) -> None:
         larger = (f": try larger ranks, such as --ranks {result.ranks[-1]}-{min(p, n - 1, 2 * result.ranks[-1])}"
                   if result.ranks[-1] < min(p, n - 1) else " (and the largest this table allows)")
         print(f"the rank chosen is the largest tried; a larger one may do better{larger}")
-    if more:
+    _print_stops(converged, maxiter, "members", more)
+
+
+def _print_stops(converged: np.ndarray, maxiter: int, what: str, converge: bool = False) -> None:
+    if converge:
         if not converged.all():
-            print(f"{int(np.sum(~converged))} of {converged.size} members reached {CONVERGE_MAXITER:,} L-BFGS iterations "
+            print(f"{int(np.sum(~converged))} of {converged.size} {what} reached {CONVERGE_MAXITER:,} L-BFGS iterations "
                   "still gaining: their ELBO is where that takes them")
-    else:
-        _print_stops(converged, maxiter, "members")
-
-
-def _print_stops(converged: np.ndarray, maxiter: int, what: str) -> None:
+        return
     capped = int(np.sum(~converged))
     if capped:
         print(f"{capped} of {converged.size} {what} stopped at --maxiter {maxiter}, not by the tolerance: their ELBO is "
@@ -121,6 +143,9 @@ def _print_bootstrap(result: BootstrapResult, data: pln.PlnData, intercept: bool
     print(f"PLN bootstrap of {n} samples × {p} counts, {d} covariate(s): {n_boot} refits on rows drawn with "
           f"replacement (seed {result.seed}) and the fit of all rows, as one program: program {result.program}; "
           f"fit {result.seconds['fit']:.3f} s")
+    converge = result.converge_iterations is not None
+    if converge:
+        print(_converge_line(result.seconds, "every fit"))
     lo, hi = 50 * (1 - result.level), 50 * (1 + result.level)
     print(f"{100 * result.level:g} % percentile intervals of the coefficients B (the fit of all rows; the {lo:g} % "
           f"and {hi:g} % quantiles of the {n_boot} refits):")
@@ -136,4 +161,4 @@ def _print_bootstrap(result: BootstrapResult, data: pln.PlnData, intercept: bool
     for j in np.flatnonzero(result.empty.any(axis=0)):
         print(f"column {columns[j]} holds only zeros in {int(result.empty[:, j].sum())} of {n_boot} refits: their fit of "
               "it has no finite coefficients (they run to −∞), so its intervals are unbounded (-inf, inf)")
-    _print_stops(result.iterations < maxiter, maxiter, "fits (all rows and refits)")
+    _print_stops(result.converged(maxiter), maxiter, "fits (all rows and refits)", converge)

@@ -104,6 +104,19 @@ def check_first_converge_elbos(elbos: Any, params: Any, masks: np.ndarray, data:
             raise CacheRejected(f"gives the ELBO {got:.12g} where rank {int(np.sum(mask))} ended, where it is {want:.12g}")
 
 
+def check_first_converge_fit_elbo(got: Any, m: Any, s: Any, data: pln.PlnData, member: str = "") -> None:
+    """Raise CacheRejected unless ``got``, the first ELBO of a ``--converge`` program with the PLN fit (at the
+    ``(m, s)`` the float32 fit ended at, before any L-BFGS step), is NumPy's float64 profiled ELBO there
+    within the worst case of a float64 sum of N = n·p terms, (N − 1)·u64 times the sum of their magnitudes
+    (``pln.elbo_condition`` times the ELBO; Higham §4.2), doubled."""
+    m, s = np.asarray(m, np.float64), np.asarray(s, np.float64)
+    n, p, _ = data.shape
+    rtol = 2 * n * p * float(np.finfo(np.float64).eps / 2) * pln.elbo_condition(m, s, data)
+    want, got = float(pln.profiled_elbo(m, s, data, np)), float(got)
+    if not abs(got - want) <= rtol * abs(want):
+        raise CacheRejected(f"gives the ELBO {got:.12g} where {member or 'the fit'} ended, where it is {want:.12g}")
+
+
 def check_first_bootstrap_elbos(elbos: Any, samples: pln.PlnData) -> None:
     """``check_first_elbo`` for every member of a bootstrap program (``samples`` stacked on axis 0)."""
     for b in range(np.shape(samples.counts)[0]):
