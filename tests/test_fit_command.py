@@ -401,3 +401,27 @@ def test_help_lists_every_flag():
     done = subprocess.run([sys.executable, "-m", "fastjax.pln.fit", "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert all(flag in done.stdout for flag in ("--ranks", "--bootstrap", "--seed", "--offsets", "--out", "--cache"))
+
+
+def test_the_fits_run_with_one_openblas_thread_on_narrow_tables_only():
+    """``run.blas_threads``: one thread in SciPy's OpenBLAS (where jaxlib's LAPACK calls run) while a program
+    for a table of at most ``ONE_BLAS_THREAD_UP_TO`` count columns runs, the threads as they were after; a
+    wider table keeps OpenBLAS's own."""
+    import threadpoolctl
+
+    from fastjax.pln.fit import run as fitrun
+
+    def scipy_threads():
+        return [i["num_threads"] for i in threadpoolctl.threadpool_info()
+                if i["internal_api"] == "openblas" and "scipy_openblas-" in i["filepath"].replace("\\", "/").split("/")[-1]]
+
+    import scipy.linalg  # noqa: F401  (loads SciPy's OpenBLAS)
+
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):  # as on a 2-core machine (a test runner may set 1)
+        before = scipy_threads()
+        assert before, threadpoolctl.threadpool_info()
+        with fitrun.blas_threads(fitrun.ONE_BLAS_THREAD_UP_TO):
+            assert scipy_threads() == [1] * len(before)
+        assert scipy_threads() == before
+        with fitrun.blas_threads(fitrun.ONE_BLAS_THREAD_UP_TO + 1):
+            assert scipy_threads() == before

@@ -3,6 +3,7 @@ checked against NumPy's float64 ones and every fit in it checked (``run_program`
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,6 +21,14 @@ from fastjax.pln.fit import cache as _cache
 from fastjax.pln.fit.cache import CacheRejected, open_cache, save_serialized, serialized
 
 SLOW_STAGE_SECONDS = 2.0  # a stage that lasts longer gets a progress line
+# The fits' LAPACK calls (jaxlib's Cholesky factors and triangular solves) run in SciPy's OpenBLAS, whose threads
+# wait for each other when another process holds a core. Part VI's fit per iteration, one fresh process per
+# setting in turns, 3 rounds, on the 2-core CPU (fastjax.pln.hand_gradient_timing.time_openblas_waits):
+# with one OpenBLAS thread against OpenBLAS's own, quiet: 0.90x the time at p = 114 (oaks; 0.323 against
+# 0.358 ms), 1.00x at p = 114 with n = 11,600, 0.78x at p = 256 and 0.95x at p = 512 (n = 2,000), but 1.25x at
+# p = 1,000 (n = 2,000); beside busy processes the oaks fit took 0.22-0.29x the time. So up to this many count
+# columns, the programs run with one thread.
+ONE_BLAS_THREAD_UP_TO = 512
 ROUNDING_LAMBDA = 7.0  # the probabilistic rounding bound's λ (first_pca_elbo_rtol)
 
 
@@ -209,6 +218,20 @@ def interruptible(call: Any) -> Any:
     return box["out"]
 
 
+@contextlib.contextmanager
+def blas_threads(p: int) -> Any:
+    """One OpenBLAS thread while the block runs, for a table of ``p`` ≤ ``ONE_BLAS_THREAD_UP_TO`` count columns
+    (``threadpoolctl``; SciPy's OpenBLAS is loaded first, as jaxlib's LAPACK calls would load it); else as is."""
+    if p > ONE_BLAS_THREAD_UP_TO:
+        yield
+        return
+    import scipy.linalg  # noqa: F401  (SciPy's OpenBLAS, where jaxlib runs its LAPACK calls)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
 class NotEnoughMemory(Exception):
     """A program that needs more memory than this machine has free (``check_memory``)."""
 
@@ -299,7 +322,8 @@ def run_program(prog: Program, maxiter: int, cache: str | os.PathLike | None, pr
                 if compiled is not None:
                     check_memory(compiled, prog.noun)
                     seconds["program"], t0 = time.perf_counter() - t0, time.perf_counter()
-                    out = interruptible(lambda: jax.block_until_ready(compiled(*prog.args)))
+                    with blas_threads(int(prog.what["shape"][1])):
+                        out = interruptible(lambda: jax.block_until_ready(compiled(*prog.args)))
                     seconds["fit"] = time.perf_counter() - t0
                     prog.first(out)
             except NotEnoughMemory:
@@ -327,7 +351,7 @@ def run_program(prog: Program, maxiter: int, cache: str | os.PathLike | None, pr
             check_memory(compiled, prog.noun)
             program = "compiled"
             seconds["program"], t0 = time.perf_counter() - t0, time.perf_counter()
-            with _Progress("fitting", progress):
+            with _Progress("fitting", progress), blas_threads(int(prog.what["shape"][1])):
                 out = interruptible(lambda: jax.block_until_ready(compiled(*prog.args)))
             seconds["fit"] = time.perf_counter() - t0
         prog.valid(out)
