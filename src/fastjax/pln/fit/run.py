@@ -26,8 +26,9 @@ SLOW_STAGE_SECONDS = 2.0  # a stage that lasts longer gets a progress line
 # setting in turns, 3 rounds, on the 2-core CPU (fastjax.pln.hand_gradient_timing.time_openblas_waits):
 # with one OpenBLAS thread against OpenBLAS's own, quiet: 0.90x the time at p = 114 (oaks; 0.323 against
 # 0.358 ms), 1.00x at p = 114 with n = 11,600, 0.78x at p = 256 and 0.95x at p = 512 (n = 2,000), but 1.25x at
-# p = 1,000 (n = 2,000). Beside busy processes (single runs, the load not held equal): one oaks fit 0.29x,
-# the bootstrap program 0.18x per refit, the command's --bootstrap 50 0.22-0.55x the time. So up to this many count
+# p = 1,000 (n = 2,000). Beside one spinning process per core, 3 rounds in turns, fresh processes: the
+# bootstrap program over 8 oaks refits 163 against 341 ms per refit (medians; rounds 0.17-0.63x), one oaks
+# fit 164 against 900 ms (rounds 0.14-0.52x): OpenBLAS's threads, on a busy machine, cost up to several times. So up to this many count
 # columns, the programs run with one thread.
 ONE_BLAS_THREAD_UP_TO = 512
 ROUNDING_LAMBDA = 7.0  # the probabilistic rounding bound's λ (first_pca_elbo_rtol)
