@@ -25,6 +25,7 @@ import numpy as np
 from fastjax import pln
 from fastjax.pln.fit.clock import STARTED
 from fastjax.pln.fit.cache import cache_folder
+from fastjax.pln.fit.cores import use_every_core
 from fastjax.pln.fit.fits import (BootstrapResult, RanksResult, fit, fit_bootstrap, fit_ranks, prepare_bootstrap,
                                   prepare_ranks)
 from fastjax.pln.fit.options import (LEVEL, check_bootstrap, check_maxiter, check_out, check_seed, check_tol,
@@ -162,6 +163,10 @@ def _main(argv: list[str] | None) -> int:
     stamps.append(time.perf_counter())
     options = dict(cache=cache, progress=not (args.quiet or args.json),
                    compile_options=QUICK_COMPILE if args.quick_compile else None)
+    imported = time.perf_counter()
+    if collection is not None or boot is not None:
+        use_every_core()  # one JAX device per core: the members run on every core at once (``cores``)
+    imported = time.perf_counter() - imported  # JAX's import, when use_every_core made it
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UserWarning)
@@ -180,6 +185,7 @@ def _main(argv: list[str] | None) -> int:
     except MemoryError:
         return _fail("the fits do not fit in memory at once: give fewer ranks or refits", 1)
     _say(caught, "warning")
+    result.seconds["import_jax"] += imported
     n, p, d = data.shape
     stages = _stages(stamps, result.seconds, result.program)
     shape = dict(n=n, p=p, columns=given.kept, dropped=[given.columns[j] for j in given.dropped])

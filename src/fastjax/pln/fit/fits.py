@@ -14,7 +14,9 @@ chapters), in float32:
   Part VI's fit of each sample, one after another). A sample whose covariates are not of full column rank
   is bad input.
 
-Their programs are cached as the fit's is, under keys that also name the program and its members
+Their members are split over the CPU's cores, one JAX device each (``cores.over_cores``: on oaks, two cores
+fit ``--bootstrap`` in about half the time of one). Their programs are cached as the fit's is, under keys
+that also name the program and its members
 (``cache_what``'s ``program``) and hash Part IV's sources (``MANY_SOURCES``); a loaded one must give every
 member's first ELBO as NumPy's float64 does (``check_first_pca_elbos``, ``check_first_bootstrap_elbos``).
 The samples' seed is an input, not part of the program: another seed reuses the program.
@@ -34,6 +36,7 @@ import numpy as np
 
 from fastjax import pln
 from fastjax.pln.fit.cache import cache_what
+from fastjax.pln.fit.cores import over_cores
 from fastjax.pln.fit.options import LEVEL, check_maxiter, check_tol, ranks_text
 from fastjax.pln.fit.run import (Program, _float32, _import_jax, _member, check_first_bootstrap_elbos,
                                  check_first_converge_elbos, check_first_converge_fit_elbo, check_first_elbo, check_first_pca_elbos, checked_elbos,
@@ -129,15 +132,19 @@ def collection_program(params: Any, data_and_masks: Any, tol: Any, target: Any, 
     """Part IV's PLN-PCA collection as one program (``fastjax.pln.many.fit_collection``, chapters/many/01)."""
     from fastjax.pln import many
 
-    return many.fit_collection(params, data_and_masks, tol, target, maxiter=maxiter)
+    data, masks = data_and_masks
+    def members(share: Any, data: Any, tol: Any, target: Any) -> Any:
+        return many.fit_collection(share[0], (data, share[1]), tol, target, maxiter=maxiter)
+
+    return over_cores(members, (params, masks), data, tol, target)
 
 
 def bootstrap_program(samples: pln.PlnData, tol: Any, target: Any, maxiter: int = pln.MAXITER,
                       keep_params: bool = False) -> Any:
     """The bootstrap as one program: each sample refitted by Part VI's fit (``fastjax.pln.floor.fit_fast``: the
-    hand-written gradient), one sample after another inside the program (``lax.map``), with its coefficients
-    in closed form: outputs of the same kind as Part IV's ``fastjax.pln.many.bootstrap`` (the float32 numbers
-    differ by rounding: two gradients, computed differently).
+    hand-written gradient), one sample after another on each core (``lax.map`` in ``cores.over_cores``), with
+    its coefficients in closed form: outputs of the same kind as Part IV's ``fastjax.pln.many.bootstrap`` (the
+    float32 numbers differ by rounding: two gradients, computed differently).
 
     Why not ``jax.vmap`` over the samples, as chapters/many/02 teaches: on XLA:CPU, measured on oaks at 8 and 64
     members, the batched fit cost more per refit than one fit at a time, and its memory grew with every member.
@@ -147,12 +154,15 @@ def bootstrap_program(samples: pln.PlnData, tol: Any, target: Any, maxiter: int 
 
     from fastjax.pln import floor as F
 
-    def refit(sample: pln.PlnData) -> Any:
-        params, elbos, crit = F.fit_fast(pln.start(sample), sample, tol, target, maxiter=maxiter)
-        out = pln.closed_form_coef(sample.covariates, params[0]), elbos, crit
-        return (*out, params) if keep_params else out
+    def refits(share: pln.PlnData, tol: Any, target: Any) -> Any:
+        def refit(sample: pln.PlnData) -> Any:
+            params, elbos, crit = F.fit_fast(pln.start(sample), sample, tol, target, maxiter=maxiter)
+            out = pln.closed_form_coef(sample.covariates, params[0]), elbos, crit
+            return (*out, params) if keep_params else out
 
-    return jax.lax.map(refit, samples)
+        return jax.lax.map(refit, share)
+
+    return over_cores(refits, samples, tol, target)
 
 
 class Collection(NamedTuple):
@@ -239,7 +249,7 @@ def converge_bootstrap_program(params: Any, samples: pln.PlnData, maxiter: int =
         (m, _), elbos, k = converge_fit_program(p, sample, maxiter)
         return pln.closed_form_coef(sample.covariates, m), elbos[0], elbos[k - 1], k
 
-    return jax.lax.map(member, (params, samples))
+    return over_cores(lambda share: jax.lax.map(member, share), (params, samples))
 
 
 def _float64_data(data: pln.PlnData) -> pln.PlnData:
@@ -272,7 +282,8 @@ def converge_program(params: Any, data_and_masks: Any, maxiter: int = CONVERGE_M
     import jax
 
     data, masks = data_and_masks
-    return jax.lax.map(lambda pm: converge_member(pm[0], (data, pm[1]), maxiter), (params, masks))
+    return over_cores(lambda share, data: jax.lax.map(lambda pm: converge_member(pm[0], (data, pm[1]), maxiter), share),
+                      (params, masks), data)
 
 
 class Bootstrap(NamedTuple):

@@ -252,12 +252,24 @@ def available_memory() -> int | None:
 
 def program_bytes(compiled: Any) -> int | None:
     """The bytes a compiled program holds while it runs, as XLA plans them (``memory_analysis``: its
-    arguments, outputs and temporaries); None where the backend does not say."""
+    arguments, outputs and temporaries on one device, times the devices it runs on: ``cores``' split, whose
+    CPU devices share the machine's memory); None where the backend does not say."""
     try:
         m = compiled.memory_analysis()
-        return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
+        one = int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
     except Exception:  # not every backend or loaded executable has one
         return None
+    return one * program_devices(compiled)
+
+
+def program_devices(compiled: Any) -> int:
+    """How many devices a compiled program runs on (its outputs' shardings; 1 where they do not say)."""
+    try:
+        import jax
+
+        return max(len(s.device_set) for s in jax.tree.leaves(compiled.output_shardings))
+    except Exception:  # no shardings said: one device
+        return 1
 
 
 def check_memory(compiled: Any, noun: str) -> None:
@@ -372,6 +384,8 @@ def run_program(prog: Program, maxiter: int, cache: str | os.PathLike | None, pr
                     warnings.warn(f"the compiled {prog.noun} could not be saved in {cache}: {text}; the fit goes on",
                                   stacklevel=3)
                     program += " (not saved)"
+        if program_devices(compiled) > 1:
+            program += f", on {program_devices(compiled)} cores at once"
     finally:
         if folder is not None:
             os.close(folder)

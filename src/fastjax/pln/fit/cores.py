@@ -1,0 +1,79 @@
+"""Each core its share of the members: a program of many fits (``--bootstrap``, ``--ranks``) split across
+the CPU's cores, one JAX device per core.
+
+XLA:CPU runs one program's fits one after another on one core (``lax.map``), or batched (``vmap``), which
+gains little when each member is a chain of small operations (chapters/many/02). JAX can present the CPU as
+several devices (``jax_num_cpu_devices``); a program split over them with ``jax.shard_map`` runs each
+device's share at the same time, each on a core. Each member's fit is the same program as before, so the
+results are those of one device, bit for bit.
+
+``use_every_core`` asks for one device per core; it must run before JAX's first operation, and the command
+(``cli``) calls it before it fits. In a process where JAX already runs (a notebook, a test), the devices
+are what they are. ``over_cores`` splits a program's members over the CPU devices there are: on one device,
+or on a GPU, it is the program as written."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+MEMBERS = "members"  # the mesh axis of the split
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the system says; else every core)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def use_every_core() -> bool:
+    """Ask JAX for one CPU device per core (``cores``; Part V's ``sharding.use_cpu_devices``), before its
+    backend starts: True when set. Left as is (False) where JAX already runs, or where the user chose the
+    devices (``JAX_NUM_CPU_DEVICES``, or XLA's ``--xla_force_host_platform_device_count`` in ``XLA_FLAGS``)."""
+    from fastjax.scale import sharding
+
+    if "JAX_NUM_CPU_DEVICES" in os.environ or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+        return False
+    if sharding.backend_started():  # its devices stay as they are
+        return False
+    sharding.use_cpu_devices(min(cores(), sharding.MAX_CPU_DEVICES))
+    return True
+
+
+def split(members: int) -> list[Any]:
+    """The CPU devices that share ``members`` members: as few as give each the fewest rounds (``members`` 201
+    on 2 devices: 2, 101 rounds each; 200 on 64: 50 devices, 4 rounds each). One device (no split) on a
+    GPU or TPU, or where JAX has one CPU device."""
+    import jax
+
+    devices = jax.local_devices()
+    if devices[0].platform != "cpu" or len(devices) == 1 or members <= 1:
+        return devices[:1]
+    rounds = -(-members // len(devices))
+    return devices[:-(-members // rounds)]
+
+
+def over_cores(function: Any, members: Any, *shared: Any) -> Any:
+    """``function(members, *shared)``, with ``members`` (a pytree stacked on axis 0) split across the devices
+    of ``split``: each device runs ``function`` on its share (the last member repeated to fill the last
+    share), and the outputs, stacked on axis 0, are cut back to the members given. Call it inside
+    ``jax.jit``; ``function``'s outputs must be stacked by member."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, PartitionSpec
+
+    count = jax.tree.leaves(members)[0].shape[0]
+    devices = split(count)
+    k = len(devices)
+    if k == 1:
+        return function(members, *shared)
+    pad = -count % k
+    if pad:
+        members = jax.tree.map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)]), members)
+    share = jax.shard_map(function, mesh=Mesh(np.array(devices), (MEMBERS,)),
+                          in_specs=(PartitionSpec(MEMBERS),) + (PartitionSpec(),) * len(shared),
+                          out_specs=PartitionSpec(MEMBERS), check_vma=False)
+    return jax.tree.map(lambda a: a[:count], share(members, *shared))
