@@ -14,32 +14,35 @@ import jax
 import numpy as np
 import pytest
 
-from fastjax.pln.fit import cores
+from fastjax.pln.fit import cores as fitcores
 
 RNG = np.random.default_rng(5)
 COUNTS = RNG.poisson(np.exp(1.0 + RNG.normal(scale=0.5, size=(30, 6))))
 MAXITER = 60  # a short fit: the split, not convergence
 
 
-@pytest.mark.parametrize("members, devices, platform, used", [
-    (201, 2, "cpu", 2),  # --bootstrap 200 on two cores: 101 rounds each
-    (200, 64, "cpu", 50),  # 4 rounds each on 64 cores: 50 devices give that without 56 padded refits
-    (3, 8, "cpu", 3),  # fewer members than devices: one each
-    (10, 4, "cpu", 4),  # 3 rounds each: the last device has one padded member
-    (1, 8, "cpu", 1),
-    (201, 1, "cpu", 1),  # one CPU device: no split
-    (201, 4, "gpu", 1),  # an accelerator: the program as written
+@pytest.mark.parametrize("members, cores, used", [
+    (201, 2, 2),  # --bootstrap 200 on two cores: 101 rounds each
+    (200, 64, 50),  # 4 rounds each on 64 cores: 50 devices give that without 56 padded refits
+    (3, 8, 3),  # fewer members than cores: one each
+    (10, 4, 4),  # 3 rounds each: the last device has one padded member
+    (1, 8, 1),  # one member: no split
+    (201, 1, 1),
 ])
-def test_the_split_gives_each_device_the_fewest_rounds(monkeypatch, members, devices, platform, used):
+def test_the_command_asks_for_the_devices_that_give_the_fewest_rounds(members, cores, used):
+    assert fitcores.devices_for(members, cores) == used
+    assert -(-members // used) == -(-members // min(cores, members))  # as few rounds as the cores allow
+
+
+@pytest.mark.parametrize("platform, devices, used", [("cpu", 4, 4), ("cpu", 1, 1), ("gpu", 4, 1)])
+def test_a_program_splits_over_every_cpu_device_or_none(monkeypatch, platform, devices, used):
+    """Every CPU device, never a subset: a cached program must run on all of a process's devices."""
     fake = [SimpleNamespace(platform=platform, id=i) for i in range(devices)]
     monkeypatch.setattr(jax, "local_devices", lambda: fake)
-    got = cores.split(members)
-    assert got == fake[:used]
-    if platform == "cpu":  # as few rounds as the devices allow
-        assert -(-members // len(got)) == -(-members // min(devices, members))
+    assert fitcores.split() == fake[:used]
 
 
-def run_json(tmp_path, *args, devices=None):
+def run_json(tmp_path, *args, devices=None, cache=None):
     env = dict(os.environ)
     env.pop("JAX_NUM_CPU_DEVICES", None)
     if devices is not None:
@@ -47,7 +50,7 @@ def run_json(tmp_path, *args, devices=None):
     path = tmp_path / "counts.csv"
     np.savetxt(path, COUNTS, delimiter=",", fmt="%d")
     proc = subprocess.run([sys.executable, "-m", "fastjax.pln.fit", str(path), *args, "--maxiter", str(MAXITER),
-                           "--no-cache", "--json"], capture_output=True, text=True, timeout=600, env=env)
+                           *(("--cache", str(cache)) if cache else ("--no-cache",)), "--json"], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -60,11 +63,13 @@ def run_json(tmp_path, *args, devices=None):
 ])
 def test_the_members_split_over_two_cores_give_the_bits_of_one(tmp_path, mode, outputs):
     one = run_json(tmp_path, *mode, devices=1)
-    two = run_json(tmp_path, *mode, devices=2)
+    two = run_json(tmp_path, *mode, devices=2, cache=tmp_path / "cache")
+    again = run_json(tmp_path, *mode, devices=2, cache=tmp_path / "cache")  # both programs loaded, and run
     assert "cores at once" not in one["program"]
-    assert two["program"].count(", on 2 cores at once") == 2, two["program"]  # both programs
+    assert two["program"].count("saved to the cache, on 2 cores at once") == 2, two["program"]
+    assert again["program"].count("loaded from the cache, on 2 cores at once") == 2, again["program"]
     for key in outputs:
-        assert two[key] == one[key], key
+        assert two[key] == one[key] and again[key] == one[key], key
 
 
 def in_fresh_python(code, **env):
@@ -77,12 +82,15 @@ def in_fresh_python(code, **env):
 
 def test_the_command_asks_for_one_device_per_core_and_leaves_a_running_jax_alone():
     ask = ("import jax; from fastjax.pln.fit import cores; "
-           "print(cores.use_every_core(), jax.device_count(), cores.cores())")
-    took, count, there = in_fresh_python(ask)
-    assert took == "True" and count == there
-    assert in_fresh_python("import jax; jax.devices(); " + ask.split("; ", 1)[1])[:2] == ["False", "1"]
-    assert in_fresh_python(ask, XLA_FLAGS="--xla_force_host_platform_device_count=3")[:2] == ["False", "3"]
-    assert in_fresh_python(ask, JAX_NUM_CPU_DEVICES="1")[:2] == ["False", "1"]
+           "print(cores.use_every_core(MEMBERS), jax.device_count(), cores.cores())")
+    took, count, there = in_fresh_python(ask.replace("MEMBERS", "201"))
+    assert count == str(fitcores.devices_for(201, int(there))) and took == str(int(there) > 1)
+    assert in_fresh_python(ask.replace("MEMBERS", "1"))[:2] == ["False", "1"]  # one member: one device
+    assert in_fresh_python("import jax; jax.devices(); " + ask.replace("MEMBERS", "201").split("; ", 1)[1])[:2] == \
+        ["False", "1"]
+    assert in_fresh_python(ask.replace("MEMBERS", "201"), XLA_FLAGS="--xla_force_host_platform_device_count=3")[:2] == \
+        ["False", "3"]
+    assert in_fresh_python(ask.replace("MEMBERS", "201"), JAX_NUM_CPU_DEVICES="1")[:2] == ["False", "1"]
 
 
 def test_a_plain_fit_stays_on_one_device(tmp_path):

@@ -164,8 +164,8 @@ def _main(argv: list[str] | None) -> int:
     options = dict(cache=cache, progress=not (args.quiet or args.json),
                    compile_options=QUICK_COMPILE if args.quick_compile else None)
     imported = time.perf_counter()
-    if collection is not None or boot is not None:
-        use_every_core()  # one JAX device per core: the members run on every core at once (``cores``)
+    if collection is not None or boot is not None:  # one JAX device per core: members on every core at once
+        use_every_core(len(collection.ranks) if collection is not None else boot.samples.counts.shape[0])
     imported = time.perf_counter() - imported  # JAX's import, when use_every_core made it
     try:
         with warnings.catch_warnings(record=True) as caught:

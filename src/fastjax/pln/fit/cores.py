@@ -4,13 +4,14 @@ the CPU's cores, one JAX device per core.
 XLA:CPU runs one program's fits one after another on one core (``lax.map``), or batched (``vmap``), which
 gains little when each member is a chain of small operations (chapters/many/02). JAX can present the CPU as
 several devices (``jax_num_cpu_devices``); a program split over them with ``jax.shard_map`` runs each
-device's share at the same time, each on a core. Each member's fit is the same program as before, so the
-results are those of one device, bit for bit.
+device's share at the same time, each on a core. Each member's fit is the same program as before: the
+results are those of one device, bit for bit (tests/test_fit_cores.py).
 
-``use_every_core`` asks for one device per core; it must run before JAX's first operation, and the command
-(``cli``) calls it before it fits. In a process where JAX already runs (a notebook, a test), the devices
-are what they are. ``over_cores`` splits a program's members over the CPU devices there are: on one device,
-or on a GPU, it is the program as written."""
+``use_every_core`` asks for one device per core that the members can use; it must run before JAX's first
+operation, and the command (``cli``) calls it before it fits. In a process where JAX already runs (a
+notebook, a test), the devices are what they are. ``over_cores`` splits a program's members over every
+CPU device there is (a share each, the last member repeated to fill the last share): on one device, or on
+a GPU, it is the program as written."""
 
 from __future__ import annotations
 
@@ -28,31 +29,38 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def use_every_core() -> bool:
-    """Ask JAX for one CPU device per core (``cores``; Part V's ``sharding.use_cpu_devices``), before its
-    backend starts: True when set. Left as is (False) where JAX already runs, or where the user chose the
-    devices (``JAX_NUM_CPU_DEVICES``, or XLA's ``--xla_force_host_platform_device_count`` in ``XLA_FLAGS``)."""
+def devices_for(members: int, cores: int) -> int:
+    """How many devices share ``members`` members on ``cores`` cores: as few as give each the fewest rounds
+    (201 members on 2 cores: 2, 101 rounds each; 200 on 64: 50, 4 rounds each; 1 member: 1)."""
+    rounds = -(-members // max(1, min(cores, members)))
+    return -(-members // rounds)
+
+
+def use_every_core(members: int) -> bool:
+    """Ask JAX for one CPU device per core that ``members`` members can use (``devices_for``; Part V's
+    ``sharding.use_cpu_devices``), before its backend starts: True when set. Left as is (False) for one
+    member, where JAX already runs, or where the user chose the devices (``JAX_NUM_CPU_DEVICES``, or XLA's
+    ``--xla_force_host_platform_device_count`` in ``XLA_FLAGS``)."""
     from fastjax.scale import sharding
 
     if "JAX_NUM_CPU_DEVICES" in os.environ or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
         return False
-    if sharding.backend_started():  # its devices stay as they are
+    k = min(devices_for(members, cores()), sharding.MAX_CPU_DEVICES)
+    if k == 1 or sharding.backend_started():  # its devices stay as they are
         return False
-    sharding.use_cpu_devices(min(cores(), sharding.MAX_CPU_DEVICES))
+    sharding.use_cpu_devices(k)
     return True
 
 
-def split(members: int) -> list[Any]:
-    """The CPU devices that share ``members`` members: as few as give each the fewest rounds (``members`` 201
-    on 2 devices: 2, 101 rounds each; 200 on 64: 50 devices, 4 rounds each). One device (no split) on a
-    GPU or TPU, or where JAX has one CPU device."""
+def split() -> list[Any]:
+    """The devices a program of many members runs on: every CPU device where JAX has several, else
+    one (a GPU or TPU, or one CPU device: no split). Every one, not a subset: JAX loads a serialized program
+    (the command's cache) onto all of a process's devices, and one compiled for fewer does not run there
+    (jax 0.10.2 and 0.12: an error for one device, an abort for a subset of several)."""
     import jax
 
     devices = jax.local_devices()
-    if devices[0].platform != "cpu" or len(devices) == 1 or members <= 1:
-        return devices[:1]
-    rounds = -(-members // len(devices))
-    return devices[:-(-members // rounds)]
+    return devices if devices[0].platform == "cpu" else devices[:1]
 
 
 def over_cores(function: Any, members: Any, *shared: Any) -> Any:
@@ -66,7 +74,7 @@ def over_cores(function: Any, members: Any, *shared: Any) -> Any:
     from jax.sharding import Mesh, PartitionSpec
 
     count = jax.tree.leaves(members)[0].shape[0]
-    devices = split(count)
+    devices = split()
     k = len(devices)
     if k == 1:
         return function(members, *shared)
