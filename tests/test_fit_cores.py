@@ -96,3 +96,15 @@ def test_the_command_asks_for_one_device_per_core_and_leaves_a_running_jax_alone
 def test_a_plain_fit_stays_on_one_device(tmp_path):
     """The plain fit has one member: the command asks for no devices, and its program is not split."""
     assert "cores" not in run_json(tmp_path)["program"]
+
+
+def test_the_command_called_in_a_process_that_goes_on_leaves_its_devices_alone(tmp_path):
+    """``main`` in a notebook or a test changes no device of that process; only the command as a process
+    (``run``) asks for one device per core."""
+    path = tmp_path / "counts.csv"
+    np.savetxt(path, COUNTS, delimiter=",", fmt="%d")
+    code = ("import contextlib, io, jax; from fastjax.pln.fit import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    status = cli.main(['{path}', '--bootstrap', '3', '--maxiter', '5', '--no-cache'])\n"
+            "print(status, jax.device_count())")
+    assert in_fresh_python(code) == ["0", "1"]

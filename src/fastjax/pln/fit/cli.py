@@ -101,11 +101,13 @@ def _stages(stamps: list[float], seconds: dict[str, float], program: str) -> lis
     return stages
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, every_core: bool = False) -> int:
     """Run the command; return its exit status (0 fitted, 2 bad input, 1 the fit or writing --out failed,
-    130 interrupted by Ctrl-C: one line, no traceback)."""
+    130 interrupted by Ctrl-C: one line, no traceback). ``every_core`` (the command as a process, ``run``):
+    ask JAX for one device per core before it starts (``cores.use_every_core``), which changes the devices
+    of the whole process; left False where the command is called in a process that goes on."""
     try:
-        return _main(argv)
+        return _main(argv, every_core)
     except KeyboardInterrupt:
         return _fail("interrupted (Ctrl-C); nothing was written", 130)
 
@@ -117,7 +119,7 @@ def run() -> None:
     by a pipe that closed early (``| head``), it stops quietly, as Python's documentation advises for
     SIGPIPE: no traceback, stdout pointed at /dev/null so that the exit's flush raises nothing more."""
     try:
-        code = main()
+        code = main(every_core=True)
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -129,7 +131,7 @@ def run() -> None:
     sys.exit(code)
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None, every_core: bool) -> int:
     args = parser().parse_args(argv)
     stamps = [time.perf_counter()]
     try:
@@ -164,7 +166,7 @@ def _main(argv: list[str] | None) -> int:
     options = dict(cache=cache, progress=not (args.quiet or args.json),
                    compile_options=QUICK_COMPILE if args.quick_compile else None)
     imported = time.perf_counter()
-    if collection is not None or boot is not None:  # one JAX device per core: members on every core at once
+    if every_core and (collection is not None or boot is not None):  # one JAX device per core, members on each
         use_every_core(len(collection.ranks) if collection is not None else boot.samples.counts.shape[0])
     imported = time.perf_counter() - imported  # JAX's import, when use_every_core made it
     try:
